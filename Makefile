@@ -1,0 +1,46 @@
+# keyshift: two commands on a fresh machine.
+#   make demo   create the environment, fetch what is missing, start the local stack,
+#               run the flight delay job on all 3,000,000 real flights, print the summary
+#   make test   same set-up, then the whole test suite against the real stack
+# Both are idempotent: a second run reuses the environment, jars, data and running services.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.keyshift-installed
+export PATH := $(abspath $(BIN)):$(PATH)
+export PYSPARK_PYTHON := $(abspath $(BIN))/python
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
+
+.PHONY: env setup stack demo test unit clean-state
+
+env: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; keyshift needs Python 3.11"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
+	touch $(STAMP)
+
+setup: env
+	$(BIN)/keyshift stack fetch
+	$(BIN)/keyshift data fetch flights
+
+stack: setup
+	$(BIN)/keyshift stack up
+
+demo: stack
+	$(BIN)/keyshift run demo
+
+test: stack
+	$(BIN)/python -m pytest -ra tests
+
+unit: env
+	$(BIN)/python -m pytest -ra tests/unit tests/dags
+
+clean-state:
+	-$(BIN)/keyshift stack down
+	rm -rf .keyshift runs

@@ -1,0 +1,1 @@
+"""keyshift.processing."""
