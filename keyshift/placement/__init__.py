@@ -1,1 +1,31 @@
-"""keyshift.placement."""
+"""Placement: which slot (Kafka partition = Spark stateful partition) each key goes to.
+
+`murmur2` holds Kafka's key hash exactly as the Java client computes it; `strategies` holds the
+one interface every strategy implements (`Strategy.slot_of(key) -> slot`), the registry
+`strategy_by_name`, the per-key `SlotCache`, and `KafkaPartitioner`, the adapter that plugs a
+strategy into kafka-python's producer.
+"""
+
+from keyshift.placement.murmur2 import murmur2, partition_for_key, to_positive
+from keyshift.placement.strategies import (
+    STRATEGY_NAMES,
+    HashStrategy,
+    KafkaPartitioner,
+    SlotCache,
+    Strategy,
+    bucket_of,
+    strategy_by_name,
+)
+
+__all__ = [
+    "STRATEGY_NAMES",
+    "HashStrategy",
+    "KafkaPartitioner",
+    "SlotCache",
+    "Strategy",
+    "bucket_of",
+    "murmur2",
+    "partition_for_key",
+    "strategy_by_name",
+    "to_positive",
+]
