@@ -1,1 +1,1 @@
-"""keyshift.data."""
+"""Real inputs: fetch and verify them (`flights`), and replay them into Kafka (`replay`)."""
