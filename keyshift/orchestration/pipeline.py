@@ -1,0 +1,408 @@
+"""Plain functions behind the `keyshift_pipeline` DAG's tasks (and usable from the CLI).
+
+Each task of `dags/keyshift_pipeline.py` builds a `Settings` at the edge and calls one function
+here with plain arguments. Nothing in this module touches Kafka, Redis or files at import time.
+
+Run ids: Airflow's run ids (`manual__2026-01-02T03:04:05.678901+00:00`) contain `:` and `+`,
+which are awkward in paths and Spark checkpoint URIs, so a job's run id is the Airflow run id
+with every character outside `[A-Za-z0-9._-]` replaced by `_` (`job_run_id`). A run id that is
+already clean (the e2e test chooses one) is kept as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from keyshift import names
+from keyshift.errors import ConfigurationError, JobError
+from keyshift.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+
+STRATEGIES: tuple[str, ...] = ("hash",)
+"""Strategies the pipeline offers in its trigger form. Extend when `keyshift.placement` gains
+one the flight delay job accepts (`modulo`, `least_key`, `least_count`, `weight`, ...)."""
+
+APPLICATION: Path = PROJECT_ROOT / "spark_jobs" / "flight_delays.py"
+"""The Spark application the pipeline submits (it sets its own `spark.jars`)."""
+
+SPARK_SUBMIT = "spark-submit"
+"""The launcher pyspark installs into the environment's `bin/`."""
+
+_UNSAFE_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def job_run_id(airflow_run_id: str) -> str:
+    """The keyshift run id of an Airflow DAG run: safe for paths, Redis keys and Spark.
+
+    Args:
+        airflow_run_id: the DAG run's `run_id`, e.g. `manual__2026-01-02T03:04:05+00:00`.
+
+    Returns:
+        The same id with each character outside `[A-Za-z0-9._-]` replaced by `_`
+        (`manual__2026-01-02T03_04_05_00_00`). Idempotent.
+
+    Raises:
+        ConfigurationError: the id is empty, or nothing but dots (would name `runs/` itself).
+    """
+    cleaned = _UNSAFE_RUN_ID_CHARS.sub("_", airflow_run_id)
+    if not cleaned.strip("."):
+        raise ConfigurationError(f"run id {airflow_run_id!r} is empty after cleaning; choose another")
+    return cleaned
+
+
+def is_bounded(limit: int | None) -> bool:
+    """Whether a run with this `limit` param is bounded (a positive event count).
+
+    Args:
+        limit: events to process; `None` or `0` means a continuous run.
+
+    Raises:
+        ConfigurationError: `limit` is negative.
+    """
+    if limit is None or limit == 0:
+        return False
+    if limit < 0:
+        raise ConfigurationError(f"limit must be a positive event count, or 0/null for a continuous run; got {limit}")
+    return True
+
+
+def validate_strategy(strategy: str) -> str:
+    """Return `strategy` if the pipeline offers it.
+
+    Raises:
+        ConfigurationError: naming the strategy and the ones offered (`STRATEGIES`).
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigurationError(f"strategy {strategy!r} is not offered by the pipeline; choose one of {list(STRATEGIES)}")
+    return strategy
+
+
+def run_dir(settings: Settings, run_id: str) -> Path:
+    """`runs/<run_id>/`: the folder of one job run (summary, progress, driver log)."""
+    return Path(settings.runs_dir) / run_id
+
+
+def summary_path(settings: Settings, run_id: str) -> Path:
+    """`runs/<run_id>/summary.json`, written by the job when it finishes."""
+    return run_dir(settings, run_id) / "summary.json"
+
+
+def driver_log_path(settings: Settings, run_id: str) -> Path:
+    """`runs/<run_id>/driver.log`, the stdout and stderr of a detached driver."""
+    return run_dir(settings, run_id) / "driver.log"
+
+
+def provision(settings: Settings, partitions: int, topics: tuple[str, ...] = names.FLIGHT_TOPICS) -> dict[str, int]:
+    """Create the pipeline's topics if missing (idempotent) and check their partition counts.
+
+    Args:
+        settings: where the broker is.
+        partitions: P, the slots of the run; every topic gets P partitions.
+        topics: topic names (default: the flight delay job's input, dead-letter, late and alerts).
+
+    Returns:
+        `{topic: partition count}` as read back from the broker.
+
+    Raises:
+        ConfigurationError: `partitions` < 1, or the input topic already exists with another
+            partition count (a job of P slots on a topic of P' partitions would place keys wrongly;
+            delete the topic or run with P').
+    """
+    from keyshift.topics import create_topics, end_offsets
+
+    if partitions < 1:
+        raise ConfigurationError(f"partitions must be >= 1; got {partitions}")
+    create_topics(settings, list(topics), partitions=partitions, replication=1, recreate=False)
+    counts = {topic: len(end_offsets(settings, topic)) for topic in topics}
+    log.info("Topics on %s: %s", settings.bootstrap_servers, counts)
+    input_count = counts[topics[0]]
+    if input_count != partitions:
+        raise ConfigurationError(
+            f"topic {topics[0]!r} has {input_count} partitions but the run asks for {partitions}; "
+            f"trigger the run with partitions={input_count}, or delete the topic first"
+        )
+    return counts
+
+
+def replay(
+    settings: Settings,
+    limit: int | None,
+    rate: float | None,
+    strategy: str,
+    partitions: int,
+    topic: str = names.FLIGHTS_TOPIC,
+) -> dict[str, Any]:
+    """Replay real flights into the input topic and return the replay's result as a dict.
+
+    Args:
+        settings: where the broker and Redis are.
+        limit: events to produce; `None`/`0` replays the whole data set.
+        rate: events per second; `None` is as fast as the producer goes.
+        strategy: the placement strategy of the producer's partitioner.
+        partitions: P, the input topic's partition count.
+        topic: the input topic.
+
+    Returns:
+        `dataclasses.asdict(ReplayResult)` (JSON-safe, for XCom): at least `events_produced`.
+
+    Raises:
+        ConfigurationError: bad strategy or limit. Whatever `replay_flights` raises
+            (`DataError`, `StackError`) passes through.
+    """
+    from keyshift.data.replay import replay_flights
+
+    validate_strategy(strategy)
+    bounded = is_bounded(limit)
+    log.info(
+        "Replaying %s flights into %r at %s events/s with strategy %s over %d partitions",
+        limit if bounded else "all", topic, rate or "unbounded", strategy, partitions,
+    )
+    result = replay_flights(
+        settings, topic, limit=limit if bounded else None, rate=rate,
+        strategy=strategy, partitions=partitions, progress=False,
+    )
+    record = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(vars(result))
+    record = json.loads(json.dumps(record, default=str))
+    log.info("Replay done: %s events produced into %r", record.get("events_produced"), topic)
+    return record
+
+
+def spark_submit_args(
+    run_id: str,
+    strategy: str,
+    partitions: int | str,
+    bound_ms: int | str,
+    limit: int | str | None = None,
+) -> list[str]:
+    """The flight delay job's own arguments (after the application path).
+
+    Values may be Jinja templates (`"{{ params.partitions }}"`): the DAG passes templates and
+    Airflow renders them when the task runs; the detached launch passes plain values.
+
+    Args:
+        run_id: the keyshift run id (`job_run_id`).
+        strategy: placement strategy name. partitions: P. bound_ms: watermark bound in ms.
+        limit: events to process then exit; `None` (or 0) runs until stopped.
+
+    Returns:
+        `["--run-id", run_id, "--strategy", s, "--partitions", P, "--bound-ms", b, ("--limit", N)]`.
+    """
+    args = [
+        "--run-id", str(run_id),
+        "--strategy", str(strategy),
+        "--partitions", str(partitions),
+        "--bound-ms", str(bound_ms),
+    ]
+    if limit not in (None, 0, "0", ""):
+        args += ["--limit", str(limit)]
+    return args
+
+
+def venv_bin() -> Path:
+    """The `bin/` folder of the interpreter running keyshift (where `spark-submit` lives)."""
+    return Path(sys.executable).parent
+
+
+def spark_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment additions for a spark-submit child: the project's interpreter and PATH.
+
+    Python workers must run the project's interpreter (`PYSPARK_PYTHON`, DESIGN.md), and the
+    Spark provider finds `spark-submit` on PATH, so the environment's `bin/` goes first.
+
+    Args:
+        base: the environment to extend PATH from (default `os.environ`).
+
+    Returns:
+        `{"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PATH"}` to merge over the parent's env.
+    """
+    base = os.environ if base is None else base
+    python = str(venv_bin() / "python")
+    path = os.pathsep.join(p for p in (str(venv_bin()), base.get("PATH", "")) if p)
+    return {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, "PATH": path}
+
+
+def consumer_lag(end_offsets: Mapping[int, int], job_offsets: Mapping[str | int, int]) -> dict[int, int]:
+    """Per-partition consumer lag of a job: broker end offset − the job's next offset.
+
+    Args:
+        end_offsets: `{partition: end offset}` of the input topic (the next offset to be written).
+        job_offsets: the job's latest progress `offsets`, `{"<partition>": next offset to read}`;
+            a partition the job has not read yet counts from 0.
+
+    Returns:
+        `{partition: lag}`, each ≥ 0 (a job ahead of a stale end-offset read counts 0).
+    """
+    read = {int(p): int(o) for p, o in job_offsets.items()}
+    return {int(p): max(0, int(end) - read.get(int(p), 0)) for p, end in sorted(end_offsets.items())}
+
+
+def read_summary(settings: Settings, run_id: str) -> dict[str, Any]:
+    """Load `runs/<run_id>/summary.json`.
+
+    Raises:
+        JobError: the file is missing (the job did not finish) or is not a JSON object;
+            the message names the path and the driver log.
+    """
+    path = summary_path(settings, run_id)
+    if not path.is_file():
+        raise JobError(
+            f"run {run_id} wrote no summary at {path}; see the job's log "
+            f"({driver_log_path(settings, run_id)} for a detached run, else the Airflow task log)"
+        )
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise JobError(f"summary {path} is not valid JSON: {exc}") from exc
+    if not isinstance(summary, dict):
+        raise JobError(f"summary {path} holds a {type(summary).__name__}, expected a JSON object")
+    return summary
+
+
+def summary_problems(
+    summary: Mapping[str, Any],
+    *,
+    run_id: str | None = None,
+    expected_events: int | None = None,
+    events_replayed: int | None = None,
+) -> list[str]:
+    """Everything wrong with a job summary; an empty list means it reconciles.
+
+    The rules: every event read is accounted for exactly once,
+    `events_read == sum_window_counts + late_events + dead_letters` (a late event and a dead
+    letter are counted, never dropped: DESIGN.md vocabulary); the job read what was produced,
+    `events_read == events_produced`; for a bounded run both equal the `limit`; and the replay
+    task's own count agrees.
+
+    Args:
+        summary: the parsed `summary.json`.
+        run_id: the expected `run_id` field, if known.
+        expected_events: the bounded run's `limit`, if any.
+        events_replayed: `events_produced` reported by the pipeline's replay task, if any.
+    """
+    problems: list[str] = []
+    required = ("events_read", "events_produced", "sum_window_counts", "late_events", "dead_letters")
+    missing = [k for k in required if not isinstance(summary.get(k), int)]
+    if missing:
+        return [f"summary lacks integer field(s) {missing}"]
+    read = summary["events_read"]
+    accounted = summary["sum_window_counts"] + summary["late_events"] + summary["dead_letters"]
+    if read != accounted:
+        problems.append(
+            f"events_read {read} != sum_window_counts {summary['sum_window_counts']} + late_events "
+            f"{summary['late_events']} + dead_letters {summary['dead_letters']} (= {accounted})"
+        )
+    if read != summary["events_produced"]:
+        problems.append(f"events_read {read} != events_produced {summary['events_produced']}")
+    if expected_events is not None and read != expected_events:
+        problems.append(f"events_read {read} != limit {expected_events}")
+    if events_replayed is not None and summary["events_produced"] != events_replayed:
+        problems.append(f"events_produced {summary['events_produced']} != replayed {events_replayed}")
+    if run_id is not None and summary.get("run_id") not in (None, run_id):
+        problems.append(f"summary run_id {summary.get('run_id')!r} != {run_id!r}")
+    return problems
+
+
+def verify_summary(
+    settings: Settings,
+    run_id: str,
+    *,
+    expected_events: int | None = None,
+    events_replayed: int | None = None,
+) -> dict[str, Any]:
+    """Read a run's summary, check it reconciles (`summary_problems`), log and return it.
+
+    Raises:
+        JobError: no summary, or one that does not reconcile; the message lists every problem
+            and the summary's path.
+    """
+    summary = read_summary(settings, run_id)
+    problems = summary_problems(
+        summary, run_id=run_id, expected_events=expected_events, events_replayed=events_replayed
+    )
+    if problems:
+        raise JobError(f"summary {summary_path(settings, run_id)} does not reconcile: " + "; ".join(problems))
+    log.info(
+        "Run %s reconciles: %d events read = %d in windows + %d late + %d dead letters; "
+        "balance degree %s; %s events/s",
+        run_id, summary["events_read"], summary["sum_window_counts"], summary["late_events"],
+        summary["dead_letters"], summary.get("balance_degree"), summary.get("events_per_second"),
+    )
+    return summary
+
+
+def conclude_run(
+    settings: Settings,
+    run_id: str,
+    params: Mapping[str, Any],
+    replayed: Mapping[str, Any] | None = None,
+    dag_run_id: str | None = None,
+) -> dict[str, Any]:
+    """The pipeline's last task: verify the run's summary and write `runs/<run_id>/pipeline.json`.
+
+    A bounded run must leave a summary that reconciles with its `limit` and with the replay
+    (`verify_summary`). A continuous run that was stopped may have written none; then only the
+    pipeline record is written, saying so.
+
+    Args:
+        settings: where runs live. run_id: the keyshift run id.
+        params: the DAG run's params (strategy, partitions, limit, rate, bound_ms).
+        replayed: the replay task's result (`replay`), if it ran.
+        dag_run_id: the Airflow run id, recorded for tracing.
+
+    Returns:
+        The pipeline record (params, replay, verification outcome, summary fields).
+
+    Raises:
+        JobError: a bounded run without a reconciling summary, or a continuous run whose
+            summary exists but does not reconcile.
+    """
+    limit = params.get("limit")
+    bounded = is_bounded(limit)
+    events_replayed = (replayed or {}).get("events_produced")
+    record: dict[str, Any] = {
+        "run_id": run_id, "dag_run_id": dag_run_id, "mode": "bounded" if bounded else "continuous",
+        "params": dict(params), "replay": dict(replayed) if replayed else None,
+        "summary_path": str(summary_path(settings, run_id)),
+    }
+    try:
+        if bounded or summary_path(settings, run_id).is_file():
+            summary = verify_summary(
+                settings, run_id,
+                expected_events=limit if bounded else None,
+                # a continuous run may have been stopped before it read everything replayed
+                events_replayed=events_replayed if bounded else None,
+            )
+            record.update(verified=True, summary=summary)
+        else:
+            log.info("Continuous run %s ended without a summary at %s", run_id, record["summary_path"])
+            record.update(verified=False, summary=None)
+    except JobError as exc:
+        record.update(verified=False, error=str(exc))
+        write_pipeline_record(settings, run_id, record)
+        raise
+    write_pipeline_record(settings, run_id, record)
+    return record
+
+
+def write_pipeline_record(settings: Settings, run_id: str, record: Mapping[str, Any]) -> Path:
+    """Write `runs/<run_id>/pipeline.json`: what the DAG run asked for and what it verified.
+
+    Returns:
+        The file's path. The write is atomic (temp file, then rename).
+    """
+    path = run_dir(settings, run_id) / "pipeline.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+    log.info("Wrote %s", path)
+    return path
