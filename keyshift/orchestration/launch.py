@@ -1,0 +1,292 @@
+"""Detached launch of a continuous job: a supervised driver process and its run record.
+
+SparkSubmitOperator blocks until spark-submit exits and has no deferrable mode (DESIGN.md,
+pitfalls), so a job that runs until stopped is started here instead: `spark-submit
+spark_jobs/flight_delays.py --run-id ...` in its own session (so neither the Airflow task that
+launched it nor a signal to that task's process group takes it down), stdout and stderr appended
+to `runs/<run_id>/driver.log`, its pid in `runs/<run_id>/driver.pid`, and its run record in the
+Redis hash `names.redis_run_key(run_id)`:
+
+| field | written by | meaning |
+| --- | --- | --- |
+| run_id, strategy, partitions, bound_ms, limit | launcher | what was asked |
+| pid, pid_create_time, host | launcher | the driver process (create time guards against pid reuse) |
+| log_path | launcher | the driver log |
+| state | launcher (`starting`), then the job (`running`, `succeeded`, `failed`) | lifecycle |
+| started_at | launcher | ISO-8601 UTC |
+| summary_path, finished_at | the job | its results |
+| stop_requested_at | `stop_job` | a stop was asked for: a driver gone after this is not a crash |
+
+The deferrable `JobProgressSensor` then watches the record (see `triggers.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+
+from keyshift import names
+from keyshift.errors import JobError, StackError
+from keyshift.orchestration import pipeline
+from keyshift.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+
+ACTIVE_STATES = frozenset({"starting", "running"})
+"""Run states in which a live driver is expected."""
+
+TERMINAL_STATES = frozenset({"succeeded", "failed"})
+"""Run states the job writes when it ends."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchedJob:
+    """A detached driver process.
+
+    Attributes:
+        run_id: the keyshift run id. pid: the driver's process id (also its session and
+        process group id). log_path: its stdout+stderr. command: the argv it runs.
+        adopted: True when a live driver of this run id was already running and was reused
+        rather than started twice (an Airflow retry of the launch task).
+    """
+
+    run_id: str
+    pid: int
+    log_path: Path
+    command: tuple[str, ...]
+    adopted: bool = False
+
+
+def _utcnow_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _redis(settings: Settings):
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+
+
+def spark_submit_binary() -> str:
+    """Path of `spark-submit`: the environment's `bin/` first, then PATH.
+
+    Raises:
+        StackError: not found (install pyspark into the environment: `make env`).
+    """
+    candidate = pipeline.venv_bin() / pipeline.SPARK_SUBMIT
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(pipeline.SPARK_SUBMIT)
+    if found:
+        return found
+    raise StackError(f"{pipeline.SPARK_SUBMIT} not found in {pipeline.venv_bin()} nor on PATH; run `make env`")
+
+
+def process_alive(pid: int, create_time: float | None = None) -> bool:
+    """Whether process `pid` runs (a zombie counts as dead).
+
+    Args:
+        pid: process id.
+        create_time: `psutil.Process.create_time()` recorded at launch, seconds since the epoch;
+            when given, a process with this pid but another start time (pid reuse) counts as dead.
+    """
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
+            return False
+        return True
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def record_alive(record: dict[str, str]) -> bool | None:
+    """Whether the driver of a run record is alive, if this host can tell.
+
+    Returns:
+        True/False for a record launched on this host with a pid; None when the record has no
+        pid yet or was launched on another host (then only the job's `state` can be trusted).
+    """
+    pid = record.get("pid")
+    if not pid:
+        return None
+    if record.get("host") not in (None, "", socket.gethostname()):
+        return None
+    create_time = float(record["pid_create_time"]) if record.get("pid_create_time") else None
+    return process_alive(int(pid), create_time)
+
+
+def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
+    """The Redis run record of `run_id` (empty dict if there is none).
+
+    Raises:
+        StackError: Redis cannot be reached (start it with `keyshift stack up`).
+    """
+    import redis
+
+    client = _redis(settings)
+    try:
+        return client.hgetall(names.redis_run_key(run_id))
+    except redis.RedisError as exc:
+        raise StackError(f"cannot read run {run_id} from Redis at {settings.redis_url}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def launch_job(
+    settings: Settings,
+    run_id: str,
+    *,
+    strategy: str,
+    partitions: int,
+    bound_ms: int,
+    limit: int | None = None,
+    application: Path = pipeline.APPLICATION,
+    startup_check_s: float = 3.0,
+) -> LaunchedJob:
+    """Start the job's driver detached, record it in Redis, and return without waiting.
+
+    Idempotent per run id: if the record shows a live driver (state starting/running), it is
+    adopted rather than started twice.
+
+    Args:
+        settings: Redis, runs folder and `spark_master`.
+        run_id: keyshift run id (`pipeline.job_run_id`).
+        strategy, partitions, bound_ms, limit: the job's arguments (`pipeline.spark_submit_args`).
+        application: the Spark application file.
+        startup_check_s: seconds to watch the new driver; a driver dead by then fails the launch.
+
+    Returns:
+        The `LaunchedJob`.
+
+    Raises:
+        JobError: the run already succeeded (choose another run id), or the driver died within
+            `startup_check_s` (the message names the log and quotes its tail).
+        StackError: Redis unreachable, or `spark-submit` missing.
+    """
+    import redis
+
+    pipeline.validate_strategy(strategy)
+    key = names.redis_run_key(run_id)
+    client = _redis(settings)
+    try:
+        existing = client.hgetall(key)
+        if existing.get("state") in ACTIVE_STATES and record_alive(existing):
+            log.info("Run %s already has a live driver (pid %s); adopting it", run_id, existing["pid"])
+            return LaunchedJob(
+                run_id, int(existing["pid"]), Path(existing.get("log_path", "")), (), adopted=True
+            )
+        if existing.get("state") == "succeeded":
+            raise JobError(f"run {run_id} already succeeded (record {key}); launch with a new run id")
+        if existing:
+            log.warning("Run %s has a stale record (state %s, driver gone); launching again", run_id, existing.get("state"))
+
+        log_path = pipeline.driver_log_path(settings, run_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = (
+            spark_submit_binary(), "--master", settings.spark_master, "--name", f"keyshift-{run_id}",
+            str(application),
+            *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit),
+        )
+        client.delete(key)
+        client.hset(key, mapping={
+            "run_id": run_id, "state": "starting", "log_path": str(log_path),
+            "strategy": strategy, "partitions": str(partitions), "bound_ms": str(bound_ms),
+            "limit": "" if limit is None else str(limit), "started_at": _utcnow_iso(),
+            "host": socket.gethostname(),
+        })
+        env = {**os.environ, **pipeline.spark_env()}
+        with open(log_path, "ab") as out:
+            out.write(f"# {_utcnow_iso()} keyshift launch: {' '.join(command)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                command, cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            )
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            create_time = None
+        client.hset(key, mapping={
+            "pid": str(proc.pid), "pid_create_time": "" if create_time is None else repr(create_time),
+        })
+        (log_path.parent / "driver.pid").write_text(f"{proc.pid}\n")
+        log.info("Launched run %s: driver pid %d, log %s", run_id, proc.pid, log_path)
+
+        deadline = time.monotonic() + startup_check_s
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                client.hset(key, mapping={"state": "failed", "finished_at": _utcnow_iso()})
+                raise JobError(
+                    f"driver of run {run_id} exited with code {code} within {startup_check_s:.0f} s; "
+                    f"see {log_path}:\n{_log_tail(log_path)}"
+                )
+            time.sleep(0.2)
+        return LaunchedJob(run_id, proc.pid, log_path, command)
+    except redis.RedisError as exc:
+        raise StackError(f"cannot record run {run_id} in Redis at {settings.redis_url}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
+    """Stop a detached driver: SIGTERM to its process group, SIGKILL after `timeout_s`.
+
+    Records `stop_requested_at` first, so the monitor reads the driver's end as a requested stop.
+
+    Args:
+        settings: Redis. run_id: the run. timeout_s: seconds to wait for a graceful exit.
+
+    Returns:
+        True if a live driver was stopped, False if there was none (already ended, or unknown).
+
+    Raises:
+        StackError: Redis unreachable.
+    """
+    record = read_run_record(settings, run_id)
+    if not record.get("pid") or not record_alive(record):
+        log.info("Run %s has no live driver to stop", run_id)
+        return False
+    pid = int(record["pid"])
+    client = _redis(settings)
+    try:
+        client.hset(names.redis_run_key(run_id), "stop_requested_at", _utcnow_iso())
+    finally:
+        client.close()
+    log.info("Stopping run %s: SIGTERM to process group %d", run_id, pid)
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and record_alive(record):
+        time.sleep(0.5)
+    if record_alive(record):
+        log.warning("Run %s driver %d still alive after %.0f s; SIGKILL", run_id, pid, timeout_s)
+        _signal_group(pid, signal.SIGKILL)
+    return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # the driver leads its own session, so its pgid is its pid
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)

@@ -1,0 +1,201 @@
+"""`JobProgressTrigger`: watches a detached job's run record and progress from the triggerer.
+
+The triggerer runs `run()` in its event loop, so nothing here may block: Redis is read with
+`redis.asyncio`, and the one blocking call (Kafka end offsets through kafka-python) goes through
+`asgiref.sync.sync_to_async`. `serialize()` returns exactly the constructor's arguments, so the
+triggerer can rebuild the trigger from the database (Airflow's rule for every trigger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from keyshift import names
+
+CLASSPATH = "keyshift.orchestration.triggers.JobProgressTrigger"
+
+
+class JobProgressTrigger(BaseTrigger):
+    """Fire one event when a detached job ends: `succeeded`, `failed` or `error`.
+
+    Every `poll_interval` seconds it reads the run record (`names.redis_run_key`) and the latest
+    progress (`names.redis_progress_key`, field `latest`), and logs the batch, the watermark and
+    the consumer lag (input topic end offsets − the job's offsets, per partition and in total).
+
+    Outcomes (the event payload's `status`):
+      - `succeeded`: the job recorded `state=succeeded`, or its driver ended after a requested
+        stop (`stop_requested_at`).
+      - `failed`: the job recorded `state=failed`; or the driver process is gone while the record
+        still says starting/running (a crash); or no run record appeared within `start_grace_s`.
+      - `error`: Redis could not be read for `redis_error_limit` polls in a row.
+
+    Args:
+        run_id: the keyshift run id.
+        settings: `Settings.model_dump(mode="json")` of the launching task (Redis URL, broker).
+        topic: the job's input topic, for the lag.
+        poll_interval: seconds between polls (> 0).
+        start_grace_s: seconds to wait for the run record to appear.
+        redis_error_limit: consecutive Redis failures tolerated before giving up.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        settings: dict[str, Any],
+        topic: str = names.FLIGHTS_TOPIC,
+        poll_interval: float = 10.0,
+        start_grace_s: float = 120.0,
+        redis_error_limit: int = 30,
+    ) -> None:
+        super().__init__()
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0 seconds; got {poll_interval}")
+        self.run_id = run_id
+        self.settings = settings
+        self.topic = topic
+        self.poll_interval = poll_interval
+        self.start_grace_s = start_grace_s
+        self.redis_error_limit = redis_error_limit
+        self._client = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and the constructor's keyword arguments, one for one."""
+        return (
+            CLASSPATH,
+            {
+                "run_id": self.run_id,
+                "settings": self.settings,
+                "topic": self.topic,
+                "poll_interval": self.poll_interval,
+                "start_grace_s": self.start_grace_s,
+                "redis_error_limit": self.redis_error_limit,
+            },
+        )
+
+    def _settings(self):
+        from keyshift.settings import Settings
+
+        return Settings(**self.settings)
+
+    def _event(self, status: str, record: dict[str, str], message: str, **extra: Any) -> TriggerEvent:
+        payload = {
+            "status": status,
+            "run_id": self.run_id,
+            "state": record.get("state"),
+            "pid": int(record["pid"]) if record.get("pid") else None,
+            "log_path": record.get("log_path"),
+            "summary_path": record.get("summary_path"),
+            "message": message,
+            **extra,
+        }
+        return TriggerEvent(payload)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll until the job ends, logging progress and lag; yield one event, then return."""
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        from keyshift.orchestration.launch import record_alive
+
+        settings = self._settings()
+        self._client = aioredis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+        run_key, progress_key = names.redis_run_key(self.run_id), names.redis_progress_key(self.run_id)
+        started = time.monotonic()
+        redis_errors = 0
+        last_batch: dict[str, Any] = {}
+        self.log.info("Watching run %s (record %s) every %.1f s", self.run_id, run_key, self.poll_interval)
+        try:
+            while True:
+                try:
+                    record = await self._client.hgetall(run_key)
+                    latest = await self._client.hget(progress_key, "latest")
+                    redis_errors = 0
+                except RedisError as exc:
+                    redis_errors += 1
+                    self.log.warning("Redis read %d/%d failed: %s", redis_errors, self.redis_error_limit, exc)
+                    if redis_errors >= self.redis_error_limit:
+                        yield self._event("error", {}, f"Redis at {settings.redis_url} unreachable: {exc}")
+                        return
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+
+                if not record:
+                    waited = time.monotonic() - started
+                    if waited > self.start_grace_s:
+                        yield self._event("failed", {}, f"no run record {run_key} after {waited:.0f} s")
+                        return
+                    self.log.info("No run record for %s yet (%.0f s)", self.run_id, waited)
+                else:
+                    if latest:
+                        last_batch = await self._report(settings, latest)
+                    outcome = self._outcome(record, record_alive(record))
+                    if outcome is not None and outcome[0] == "failed" and record.get("state") != "failed":
+                        # The driver is gone: the job may have written its final state as it exited.
+                        record = await self._client.hgetall(run_key)
+                        outcome = self._outcome(record, False)
+                    if outcome is not None:
+                        yield self._event(outcome[0], record, outcome[1], last_batch=last_batch)
+                        return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await self.cleanup()
+
+    def _outcome(self, record: dict[str, str], alive: bool | None) -> tuple[str, str] | None:
+        """(status, message) if the run has ended, else None."""
+        state, log_path = record.get("state"), record.get("log_path")
+        if state == "succeeded":
+            return "succeeded", f"run {self.run_id} succeeded"
+        if state == "failed":
+            return "failed", f"run {self.run_id} recorded state failed; see {log_path}"
+        if alive is False:
+            if record.get("stop_requested_at"):
+                return "succeeded", f"run {self.run_id} stopped on request at {record['stop_requested_at']}"
+            return "failed", (
+                f"driver process {record.get('pid')} of run {self.run_id} is gone while its state is "
+                f"{state!r}; see {log_path}"
+            )
+        return None
+
+    async def _report(self, settings, latest: str) -> dict[str, Any]:
+        """Log the latest batch and the consumer lag; return the batch's summary for the event."""
+        from asgiref.sync import sync_to_async
+
+        from keyshift.orchestration.pipeline import consumer_lag
+
+        try:
+            progress = json.loads(latest)
+        except json.JSONDecodeError:
+            self.log.warning("Unreadable progress record for %s: %.200s", self.run_id, latest)
+            return {}
+        batch = {
+            "batch_id": progress.get("batch_id"),
+            "input_rows": progress.get("input_rows"),
+            "watermark_ms": progress.get("watermark_ms"),
+        }
+        lag_text = "unknown"
+        try:
+            from keyshift.topics import end_offsets
+
+            ends = await sync_to_async(end_offsets)(settings, self.topic)
+            lag = consumer_lag(ends, progress.get("offsets") or {})
+            batch["lag"] = sum(lag.values())
+            lag_text = f"{batch['lag']} {dict(lag)}"
+        except Exception as exc:  # a broker hiccup must not end the watch
+            self.log.warning("Cannot read end offsets of %r: %s", self.topic, exc)
+        self.log.info(
+            "Run %s batch %s: %s input rows, watermark_ms %s, consumer lag %s",
+            self.run_id, batch["batch_id"], batch["input_rows"], batch["watermark_ms"], lag_text,
+        )
+        return batch
+
+    async def cleanup(self) -> None:
+        """Close the Redis client (idempotent; also called by the triggerer on removal)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
