@@ -1,0 +1,119 @@
+"""
+### keyshift pipeline: real flights → Kafka → Spark flight delay job → verified summary
+
+Trigger it with the form's params (strategy, partitions P, `limit` events, `rate` events/s,
+watermark `bound_ms`). Two modes:
+
+* **bounded** (`limit` > 0): `provision_topics` → `replay_bounded` (`limit` real flights) →
+  `spark_submit` (SparkSubmitOperator on connection `spark_default`; blocks until the job has
+  drained the events and exited) → `verify_summary`.
+* **continuous** (`limit` empty or 0): `provision_topics` → `launch_job` (a detached, supervised
+  driver; log in `runs/<run_id>/driver.log`) → `feed_stream` (replays all flights while the job
+  runs) and `watch_job` (deferred: the triggerer logs batches and consumer lag, and fails the task,
+  naming the driver log, if the driver dies) → `verify_summary`. Stop the job with
+  `keyshift.orchestration.launch.stop_job`.
+
+`verify_summary` checks `runs/<run_id>/summary.json`: events read = window counts + late events +
+dead letters = events produced (= `limit` when bounded), and writes `runs/<run_id>/pipeline.json`.
+The job's run id is the Airflow run id made path-safe (`job_run_id`). All logic lives in
+`keyshift.orchestration`; this file only wires tasks and does nothing at import.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, dag, task
+
+from keyshift import names
+from keyshift.orchestration import pipeline
+from keyshift.orchestration.sensors import JobProgressSensor
+
+RUN_ID = "{{ job_run_id(run_id) }}"
+
+
+@dag(
+    dag_id=names.PIPELINE_DAG_ID,
+    schedule=None,
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,  # runs share the input topic
+    tags=["keyshift", "spark", "kafka", "flights"],
+    doc_md=__doc__,
+    default_args={"owner": "keyshift", "retries": 0},
+    user_defined_macros={"job_run_id": pipeline.job_run_id, "spark_env": pipeline.spark_env},
+    params={
+        "strategy": Param("hash", type="string", enum=list(pipeline.STRATEGIES),
+                          description="Placement strategy: key → slot rule of producer and job."),
+        "partitions": Param(8, type="integer", minimum=1, maximum=1024,
+                            description="P: slots = Kafka partitions = Spark shuffle partitions."),
+        "limit": Param(20000, type=["null", "integer"], minimum=0,
+                       description="Events to replay and process (bounded run); empty or 0 = continuous."),
+        "rate": Param(None, type=["null", "number"], exclusiveMinimum=0,
+                      description="Replay rate in events/s; empty = as fast as possible."),
+        "bound_ms": Param(3_600_000, type="integer", minimum=0,
+                          description="Watermark bound in ms: how late an event may be before it counts as late."),
+    },
+)
+def keyshift_pipeline():
+    @task
+    def provision_topics(params=None) -> dict[str, int]:
+        from keyshift.settings import Settings
+
+        return pipeline.provision(Settings(), int(params["partitions"]))
+
+    @task.branch
+    def choose_mode(params=None) -> str:
+        return "replay_bounded" if pipeline.is_bounded(params["limit"]) else "launch_job"
+
+    @task
+    def replay(params=None) -> dict:
+        from keyshift.settings import Settings
+
+        p = params
+        return pipeline.replay(Settings(), p["limit"], p["rate"], p["strategy"], int(p["partitions"]))
+
+    @task
+    def launch_job(run_id=None, params=None) -> dict:
+        from keyshift.orchestration.launch import launch_job
+        from keyshift.settings import Settings
+
+        job = launch_job(Settings(), pipeline.job_run_id(run_id), strategy=params["strategy"],
+                         partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]))
+        return {"run_id": job.run_id, "pid": job.pid, "log_path": str(job.log_path), "adopted": job.adopted}
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def verify_summary(bounded: dict | None, streamed: dict | None, run_id=None, params=None) -> dict:
+        from keyshift.settings import Settings
+
+        return pipeline.conclude_run(Settings(), pipeline.job_run_id(run_id), params,
+                                     replayed=bounded or streamed, dag_run_id=run_id)
+
+    spark_submit = SparkSubmitOperator(
+        task_id="spark_submit",
+        conn_id="spark_default",
+        application=str(pipeline.APPLICATION),
+        name=f"keyshift-{RUN_ID}",
+        application_args=pipeline.spark_submit_args(
+            RUN_ID, "{{ params.strategy }}", "{{ params.partitions }}", "{{ params.bound_ms }}",
+            "{{ params.limit }}",
+        ),
+        env_vars={name: "{{ spark_env()['%s'] }}" % name
+                  for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PATH")},
+        execution_timeout=timedelta(hours=2),
+    )
+    watch_job = JobProgressSensor(task_id="watch_job", run_id=RUN_ID)
+
+    mode = choose_mode()
+    provision_topics() >> mode
+    replayed = replay.override(task_id="replay_bounded")()
+    launched = launch_job()
+    streamed = replay.override(task_id="feed_stream")()
+    mode >> [replayed, launched]
+    replayed >> spark_submit
+    launched >> [streamed, watch_job]
+    [spark_submit, watch_job] >> verify_summary(replayed, streamed)
+
+
+keyshift_pipeline()
