@@ -23,7 +23,8 @@ class Settings(BaseSettings):
         cache_dir: downloaded inputs (the flights data set, jars); reused across runs.
         runs_dir: one folder per job run: `runs/<run_id>/summary.json`, `windows/`, `progress.jsonl`.
         kafka_host, kafka_port, kafka_controller_port: the broker's loopback listeners.
-        redis_port: the coordinator's port. airflow_port: the Airflow API server and UI.
+        redis_host, redis_port: the coordinator's address. airflow_port: the Airflow API server and UI.
+        airflow_user, airflow_password: the local Airflow's login (simple auth manager, admin role).
         spark_master: master URL for jobs (`local[*]`, or `spark://host:7077`).
         partitions: P, the number of slots (Kafka partitions = Spark shuffle partitions).
     """
@@ -36,8 +37,11 @@ class Settings(BaseSettings):
     kafka_host: str = "127.0.0.1"
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
+    redis_host: str = "127.0.0.1"
     redis_port: int = 6379
     airflow_port: int = 8080
+    airflow_user: str = "admin"
+    airflow_password: str = "admin"
     spark_master: str = "local[*]"
     partitions: int = 8
 
@@ -54,4 +58,4 @@ class Settings(BaseSettings):
     @property
     def redis_url(self) -> str:
         """Redis URL of the coordinator, database 0."""
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        return f"redis://{self.redis_host}:{self.redis_port}/0"
