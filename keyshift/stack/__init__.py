@@ -1,1 +1,169 @@
-"""keyshift.stack."""
+"""The local stack: Kafka, Redis and Airflow started, checked and stopped by keyshift; Spark's jars.
+
+Each service module (`kafka`, `redis`, `airflow`) has the same functions: `start(settings)` (start
+what is down, without waiting), `wait_healthy(settings, timeout_s=...)`, `is_healthy(settings)`,
+`stop(settings)` (only what keyshift started, by pid file) and `status(settings)`. This module
+runs them together; `keyshift stack up|down|status|fetch` is its command line.
+
+Everything lives under `settings.home` (default `.keyshift/` in the checkout): `run/*.pid`,
+`logs/*.log`, `kafka/`, `redis/`, `airflow/`; jars under `settings.cache`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+from keyshift.errors import ConfigurationError
+from keyshift.settings import Settings
+from keyshift.stack.service import ServiceStatus
+
+log = logging.getLogger("keyshift.stack")
+
+SERVICES = ("redis", "kafka", "airflow")
+"""The services `keyshift stack up` starts, in start order (Airflow, the slowest, last)."""
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds `up` waits for each service to become healthy, counted from its start."""
+
+
+def service_module(name: str) -> ModuleType:
+    """The module that runs service `name` (`keyshift.stack.kafka`, ...).
+
+    Raises:
+        ConfigurationError: for a name not in SERVICES.
+    """
+    from keyshift.stack import airflow, kafka, redis
+
+    modules = {"kafka": kafka, "redis": redis, "airflow": airflow}
+    if name not in modules:
+        raise ConfigurationError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")
+    return modules[name]
+
+
+def select(only: Iterable[str] | str | None) -> tuple[str, ...]:
+    """The services to act on, in start order: all for None or '', else those named.
+
+    Args:
+        only: service names, as an iterable or a comma-separated string (`"kafka,redis"`).
+
+    Raises:
+        ConfigurationError: when a name is not a service.
+    """
+    if only is None:
+        return SERVICES
+    names = [n.strip() for n in (only.split(",") if isinstance(only, str) else only)]
+    names = [n for n in names if n]
+    if not names:
+        return SERVICES
+    unknown = sorted(set(names) - set(SERVICES))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+        )
+    return tuple(n for n in SERVICES if n in names)
+
+
+def _wait_healthy(name: str, settings: Settings, started: float, timeout_s: float) -> float:
+    remaining = max(1.0, timeout_s - (time.monotonic() - started))
+    service_module(name).wait_healthy(settings, timeout_s=remaining)
+    return time.monotonic() - started
+
+
+@contextmanager
+def _stack_lock(settings: Settings) -> Iterator[None]:
+    """Serialise `up` and `down` across processes (two `make test` runs at once, say)."""
+    path = settings.home / "run" / "stack.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fetch(settings: Settings) -> dict[str, list[Path]]:
+    """Fetch the Kafka broker's jars and Spark's Kafka connector jars, once; start nothing.
+
+    Returns:
+        `{"kafka": [...jars], "spark": [...jars]}`.
+
+    Raises:
+        StackError: when Maven is missing or fails.
+    """
+    from keyshift.stack import kafka, spark
+
+    return {"kafka": kafka.fetch(settings), "spark": spark.connector_jars(settings)}
+
+
+def up(
+    settings: Settings,
+    only: Iterable[str] | str | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, float]:
+    """Start the services that are down and wait until every selected one is healthy.
+
+    Services already running (keyshift's, or another's answering on the same address) are reused.
+    The services start one after another (Redis, Kafka, Airflow); each one's health is awaited
+    in the background from its start on, so they boot side by side.
+
+    Args:
+        settings: the stack's settings.
+        only: services to act on (see `select`); None for all.
+        timeout_s: seconds each service may take to become healthy, counted from its start.
+
+    Returns:
+        Per service, the seconds from its start call until it answered healthy.
+
+    Raises:
+        StackError: when a service cannot start or is not healthy in time; the message names its
+            log file.
+        ConfigurationError: for an unknown service name.
+    """
+    names = select(only)
+    took: dict[str, float] = {}
+    waits: dict[str, Future[float]] = {}
+    with _stack_lock(settings), ThreadPoolExecutor(max_workers=len(names)) as pool:
+        for name in names:  # start one after another, await health side by side
+            started = time.monotonic()
+            service_module(name).start(settings)
+            waits[name] = pool.submit(_wait_healthy, name, settings, started, timeout_s)
+        errors = []
+        for name, future in waits.items():
+            try:
+                took[name] = future.result()
+                log.info("%s is healthy (%.1f s after its start)", name, took[name])
+            except Exception as exc:  # noqa: BLE001 - every wait ends; the first error is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+    return took
+
+
+def down(settings: Settings, only: Iterable[str] | str | None = None) -> list[str]:
+    """Stop the services keyshift started (by pid file), in reverse start order.
+
+    Returns:
+        The names of the services that had something running and were stopped.
+
+    Raises:
+        ConfigurationError: for an unknown service name.
+    """
+    stopped = []
+    with _stack_lock(settings):
+        for name in reversed(select(only)):
+            if service_module(name).stop(settings):
+                stopped.append(name)
+    return stopped
+
+
+def status(settings: Settings, only: Iterable[str] | str | None = None) -> list[ServiceStatus]:
+    """The state, address and processes of each selected service, in start order."""
+    return [service_module(name).status(settings) for name in select(only)]

@@ -1,0 +1,77 @@
+"""`keyshift stack`: start, check and stop the local Kafka, Redis and Airflow; fetch the jars."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from keyshift import stack
+from keyshift.settings import Settings
+from keyshift.stack.service import ServiceStatus
+
+_ONLY_HELP = f"Comma-separated services to act on, from: {', '.join(stack.SERVICES)}."
+
+
+@click.group(name="stack")
+def command() -> None:
+    """Start, check and stop the local stack (Kafka, Redis, Airflow) under the state dir."""
+    # kafka-python logs every connection at INFO; health probes would drown the useful lines.
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def _print_status(statuses: list[ServiceStatus]) -> None:
+    for item in statuses:
+        line = f"{item.name:<8} {item.state:<11} {item.address:<26}"
+        click.echo(f"{line} {item.detail}".rstrip())
+        for proc in item.processes:
+            pid = f"pid {proc.pid}" if proc.pid else "not running"
+            click.echo(f"  {proc.name:<22} {pid:<12} log {proc.log_file}")
+
+
+@command.command()
+@click.option("--only", default=None, show_default="all", metavar="SERVICES", help=_ONLY_HELP)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=stack.DEFAULT_TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds each service may take to become healthy, counted from its start.",
+)
+def up(only: str | None, timeout_s: float) -> None:
+    """Start what is down and wait until every service is healthy (reuses running ones)."""
+    settings = Settings()
+    took = stack.up(settings, only or None, timeout_s=timeout_s)
+    for name, seconds in took.items():
+        click.echo(f"{name} healthy after {seconds:.1f} s")
+    _print_status(stack.status(settings, only or None))
+    if "airflow" in took:
+        from keyshift.stack import airflow
+
+        click.echo(f"Airflow UI and API: {airflow.login_hint(settings)}")
+
+
+@command.command()
+@click.option("--only", default=None, show_default="all", metavar="SERVICES", help=_ONLY_HELP)
+def down(only: str | None) -> None:
+    """Stop the services keyshift started (by pid file); leaves anything else alone."""
+    stopped = stack.down(Settings(), only or None)
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing of keyshift's was running")
+
+
+@command.command()
+@click.option("--only", default=None, show_default="all", metavar="SERVICES", help=_ONLY_HELP)
+def status(only: str | None) -> None:
+    """Print each service's state, address, processes and log files."""
+    _print_status(stack.status(Settings(), only or None))
+
+
+@command.command()
+def fetch() -> None:
+    """Fetch the Kafka broker's jars and Spark's Kafka connector jars once; start nothing."""
+    fetched = stack.fetch(Settings())
+    for name, jars in fetched.items():
+        folder = jars[0].parent if jars else "-"
+        click.echo(f"{name}: {len(jars)} jars in {folder}")

@@ -1,0 +1,348 @@
+"""A single-node Apache Kafka broker (KRaft, broker and controller in one JVM) on loopback.
+
+The broker's jars come from Maven Central through `infra/kafka/pom.xml` into the cache
+(`<cache>/kafka-4.3.0/`, fetched once). Its files live under `<home>/kafka/`: `server.properties`
+(rendered from the settings on every start) and `data/` (the log directory, formatted once with a
+new cluster id). It runs as `java -cp '<jars>/*' kafka.Kafka server.properties` with a modest heap,
+logging to `<home>/logs/kafka.log`. Health is a real metadata request made with kafka-python.
+
+Changing `kafka_controller_port` after the first start means deleting `<home>/kafka/data` (the
+controller's address is recorded when the storage is formatted).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from keyshift.errors import StackError
+from keyshift.settings import PROJECT_ROOT, Settings
+from keyshift.stack import maven, process
+from keyshift.stack.service import (
+    BLOCKED,
+    EXTERNAL,
+    HEALTHY,
+    STOPPED,
+    UNHEALTHY,
+    ProcessState,
+    ServiceStatus,
+)
+
+log = logging.getLogger("keyshift.stack.kafka")
+
+KAFKA_VERSION = "4.3.0"
+"""The broker version `infra/kafka/pom.xml` fetches."""
+NAME = "kafka"
+"""The process name of the broker (pid file `run/kafka.pid`, log `logs/kafka.log`)."""
+NODE_ID = 1
+POM = PROJECT_ROOT / "infra" / "kafka" / "pom.xml"
+LOG4J2_CONFIG = PROJECT_ROOT / "infra" / "kafka" / "log4j2.properties"
+HEAP = "1g"
+"""Maximum broker heap (-Xmx); plenty for a development broker, small beside Spark."""
+
+
+def jars_dir(settings: Settings) -> Path:
+    """Folder of the broker's jars in the cache: `<cache>/kafka-<version>`."""
+    return settings.cache / f"kafka-{KAFKA_VERSION}"
+
+
+def kafka_dir(settings: Settings) -> Path:
+    """The broker's folder in the state directory: `<home>/kafka`."""
+    return settings.home / "kafka"
+
+
+def data_dir(settings: Settings) -> Path:
+    """The broker's log directory (`log.dirs`): `<home>/kafka/data`."""
+    return kafka_dir(settings) / "data"
+
+
+def config_file(settings: Settings) -> Path:
+    """The rendered broker configuration: `<home>/kafka/server.properties`."""
+    return kafka_dir(settings) / "server.properties"
+
+
+def fetch(settings: Settings) -> list[Path]:
+    """Fetch the broker's jars from Maven Central into the cache, once; return their paths.
+
+    Raises:
+        StackError: when Maven is missing or fails.
+    """
+    return maven.copy_dependencies(POM, jars_dir(settings))
+
+
+def render_server_properties(settings: Settings) -> str:
+    """The broker's `server.properties` for the settings: a combined broker and controller.
+
+    PLAINTEXT on `kafka_host:kafka_port`, CONTROLLER on `kafka_host:kafka_controller_port`, a
+    dynamic quorum of this one node (`controller.quorum.bootstrap.servers`, so the storage is
+    formatted with `--standalone`), replication factor and min ISR 1 for every internal topic,
+    no initial rebalance delay, topics created explicitly only (no auto-creation), data under
+    `<home>/kafka/data`.
+    """
+    host = settings.kafka_host
+    plain = f"{host}:{settings.kafka_port}"
+    controller = f"{host}:{settings.kafka_controller_port}"
+    entries = {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        "controller.quorum.bootstrap.servers": controller,
+        "listeners": f"PLAINTEXT://{plain},CONTROLLER://{controller}",
+        "advertised.listeners": f"PLAINTEXT://{plain}",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(data_dir(settings)),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "log.retention.hours": "168",
+    }
+    lines = [
+        "# Rendered by keyshift (keyshift/stack/kafka.py) on every `keyshift stack up`;",
+        "# edits here are overwritten. Single node: broker and controller in one process.",
+    ]
+    lines += [f"{key}={value}" for key, value in entries.items()]
+    return "\n".join(lines) + "\n"
+
+
+def new_cluster_id() -> str:
+    """A fresh Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars).
+
+    Like Kafka's own `Uuid.randomUuid()`, it never starts with '-' (a command line would take it
+    for an option).
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def java_executable() -> str:
+    """The `java` to run the broker with: `$JAVA_HOME/bin/java`, else `java` on PATH.
+
+    Raises:
+        StackError: when there is no Java (Kafka 4 needs Java 17 or newer).
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise StackError(
+            "java is not on PATH; Kafka 4 needs Java 17+: install it with "
+            "`apt-get install -y openjdk-17-jre-headless` or set JAVA_HOME"
+        )
+    return found
+
+
+def _classpath(settings: Settings) -> str:
+    return str(jars_dir(settings) / "*")  # the JVM expands the wildcard itself
+
+
+def is_formatted(settings: Settings) -> bool:
+    """True when the broker's log directory has been formatted (it holds `meta.properties`)."""
+    return (data_dir(settings) / "meta.properties").is_file()
+
+
+def format_storage(settings: Settings) -> str:
+    """Format the broker's storage once with a new cluster id; return that id.
+
+    Runs `kafka.tools.StorageTool format -t ID -c server.properties --standalone`. Does nothing
+    (and returns the existing cluster id) when the storage is already formatted.
+
+    Raises:
+        StackError: when the storage tool fails (its output is in the message).
+    """
+    if is_formatted(settings):
+        return _existing_cluster_id(settings)
+    cluster_id = new_cluster_id()
+    argv = [
+        java_executable(), "-Xmx256m",
+        f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+        "-cp", _classpath(settings), "kafka.tools.StorageTool",
+        "format", "-t", cluster_id, "-c", str(config_file(settings)), "--standalone",
+    ]  # fmt: skip
+    log.info("formatting Kafka storage in %s (cluster id %s)", data_dir(settings), cluster_id)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()[-3000:]
+        raise StackError(f"formatting Kafka storage failed (exit {result.returncode}):\n{output}")
+    return cluster_id
+
+
+def _existing_cluster_id(settings: Settings) -> str:
+    for line in (data_dir(settings) / "meta.properties").read_text().splitlines():
+        if line.startswith("cluster.id="):
+            return line.split("=", 1)[1].strip()
+    return ""
+
+
+@dataclass(frozen=True)
+class KafkaHealth:
+    """What a metadata request to the broker returned.
+
+    Attributes:
+        cluster_id: the cluster's id.
+        broker_ids: ids of the brokers in the cluster metadata.
+        topics: names of the topics the broker lists (internal ones excluded).
+    """
+
+    cluster_id: str
+    broker_ids: tuple[int, ...]
+    topics: tuple[str, ...]
+
+
+def probe(settings: Settings, *, timeout_s: float = 5.0) -> KafkaHealth:
+    """Ask the broker for its cluster metadata (DescribeCluster and Metadata requests).
+
+    Args:
+        settings: where the broker is (`bootstrap_servers`).
+        timeout_s: seconds allowed for connecting and for each request.
+
+    Returns:
+        The cluster id, broker ids and topic names.
+
+    Raises:
+        StackError: when the broker cannot be reached or answers with an error.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    if not process.port_open(settings.kafka_host, settings.kafka_port):
+        raise StackError(f"nothing listens on {settings.bootstrap_servers}")
+    timeout_ms = int(timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id="keyshift-stack-health",
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
+        )
+    except KafkaError as exc:
+        raise StackError(f"Kafka on {settings.bootstrap_servers} did not answer: {exc}") from exc
+    try:
+        cluster = admin.describe_cluster()
+        topics = admin.list_topics()
+    except KafkaError as exc:
+        raise StackError(f"Kafka on {settings.bootstrap_servers} failed a request: {exc}") from exc
+    finally:
+        admin.close()
+    brokers = tuple(int(b["broker_id"]) for b in cluster.get("brokers", []))
+    if not brokers:
+        raise StackError(f"Kafka on {settings.bootstrap_servers} reports no broker yet")
+    return KafkaHealth(
+        cluster_id=str(cluster.get("cluster_id", "")),
+        broker_ids=brokers,
+        topics=tuple(sorted(t for t in topics if not t.startswith("__"))),
+    )
+
+
+def is_healthy(settings: Settings, *, timeout_s: float = 5.0) -> bool:
+    """True when the broker answers a metadata request within `timeout_s` seconds."""
+    try:
+        probe(settings, timeout_s=timeout_s)
+        return True
+    except StackError as exc:
+        log.debug("kafka not healthy: %s", exc)
+        return False
+
+
+def start(settings: Settings) -> bool:
+    """Start the broker unless it runs already; do not wait for it (see `wait_healthy`).
+
+    Fetches the jars (once), renders `server.properties`, formats the storage (once) and starts
+    the JVM detached. When a broker that keyshift did not start already answers on the port, it
+    is reused and nothing starts.
+
+    Returns:
+        True when a broker process was started, False when one was already there.
+
+    Raises:
+        StackError: when the port is taken by something that is not a healthy broker, or Java,
+            Maven or the storage tool fail.
+    """
+    home = settings.home
+    if process.is_running(home, NAME):
+        log.info("kafka already running (pid %d)", process.read_record(home, NAME).pid)
+        return False
+    for port in (settings.kafka_port, settings.kafka_controller_port):
+        if process.port_open(settings.kafka_host, port):
+            if port == settings.kafka_port and is_healthy(settings):
+                log.info("a Kafka broker keyshift did not start answers on %s; reusing it",
+                         settings.bootstrap_servers)
+                return False
+            raise StackError(
+                f"port {settings.kafka_host}:{port} is in use by another process; stop it, or "
+                f"choose other ports with KEYSHIFT_KAFKA_PORT / KEYSHIFT_KAFKA_CONTROLLER_PORT"
+            )
+    fetch(settings)
+    java = java_executable()
+    kafka_dir(settings).mkdir(parents=True, exist_ok=True)
+    config_file(settings).write_text(render_server_properties(settings))
+    format_storage(settings)
+    argv = [
+        java, "-Xms256m", f"-Xmx{HEAP}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+        "-cp", _classpath(settings), "kafka.Kafka", str(config_file(settings)),
+    ]  # fmt: skip
+    process.start(home, NAME, argv, cwd=kafka_dir(settings))
+    return True
+
+
+def wait_healthy(settings: Settings, *, timeout_s: float) -> float:
+    """Wait until the broker answers a metadata request; return the seconds waited.
+
+    Raises:
+        StackError: after `timeout_s` seconds, or as soon as the broker process exits; the
+            message names `<home>/logs/kafka.log`.
+    """
+    ours = process.read_record(settings.home, NAME) is not None
+    return process.wait_until(
+        lambda: is_healthy(settings, timeout_s=3.0),
+        timeout_s=timeout_s,
+        what=f"kafka on {settings.bootstrap_servers}",
+        log_path=process.log_file(settings.home, NAME),
+        alive=(lambda: process.is_running(settings.home, NAME)) if ours else None,
+    )
+
+
+def stop(settings: Settings) -> bool:
+    """Stop the broker if keyshift started it (a controlled shutdown; SIGKILL after 60 s).
+
+    Returns:
+        True when a running broker was stopped.
+    """
+    return process.stop(settings.home, NAME, timeout_s=60.0)
+
+
+def status(settings: Settings) -> ServiceStatus:
+    """The broker's state, address and process, with its cluster id when it answers."""
+    record = process.running_record(settings.home, NAME)
+    proc = ProcessState(NAME, record.pid if record else None,
+                        str(process.log_file(settings.home, NAME)))
+    address = settings.bootstrap_servers
+    try:
+        health = probe(settings, timeout_s=3.0)
+        detail = f"cluster {health.cluster_id}, {len(health.topics)} topics, Kafka {KAFKA_VERSION}"
+        state = HEALTHY if record else EXTERNAL
+    except StackError as exc:
+        detail = str(exc)
+        if record:
+            state = UNHEALTHY
+        elif process.port_open(settings.kafka_host, settings.kafka_port):
+            state = BLOCKED
+        else:
+            state, detail = STOPPED, ""
+    return ServiceStatus(NAME, state, address, (proc,), detail)
+

@@ -1,0 +1,232 @@
+"""The coordinator: Debian's redis-server on loopback, supervised by keyshift (not by systemd).
+
+Runs `redis-server <home>/redis/redis.conf` in the foreground (`daemonize no`; keyshift keeps its
+pid file), bound to `redis_host` (127.0.0.1) on `redis_port`, with the append-only file on and its data in
+`<home>/redis/`. Health is a PING through redis-py. When `redis-server` is missing and keyshift
+runs as root, it installs Debian's package with apt-get; otherwise it says how to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from keyshift.errors import StackError
+from keyshift.settings import Settings
+from keyshift.stack import process
+from keyshift.stack.service import (
+    BLOCKED,
+    EXTERNAL,
+    HEALTHY,
+    STOPPED,
+    UNHEALTHY,
+    ProcessState,
+    ServiceStatus,
+)
+
+log = logging.getLogger("keyshift.stack.redis")
+
+NAME = "redis"
+"""The process name of the server (pid file `run/redis.pid`, log `logs/redis.log`)."""
+DEBIAN_PACKAGE = "redis-server"
+
+
+def redis_dir(settings: Settings) -> Path:
+    """The server's folder (config, AOF, RDB snapshot): `<home>/redis`."""
+    return settings.home / "redis"
+
+
+def config_file(settings: Settings) -> Path:
+    """The rendered server configuration: `<home>/redis/redis.conf`."""
+    return redis_dir(settings) / "redis.conf"
+
+
+def render_config(settings: Settings) -> str:
+    """The `redis.conf` for the settings.
+
+    `redis_host` (loopback by default), `redis_port`, protected mode, foreground (`daemonize no`, `supervised no`),
+    log to stdout (keyshift appends it to `logs/redis.log`), append-only file with an fsync every
+    second, RDB snapshots as Redis's defaults, data in `<home>/redis`.
+    """
+    lines = [
+        "# Rendered by keyshift (keyshift/stack/redis.py) on every `keyshift stack up`;",
+        "# edits here are overwritten.",
+        f"bind {settings.redis_host}",
+        f"port {settings.redis_port}",
+        "protected-mode yes",
+        "daemonize no",
+        "supervised no",
+        'logfile ""',
+        "loglevel notice",
+        f'dir "{redis_dir(settings)}"',
+        "dbfilename dump.rdb",
+        "save 3600 1 300 100 60 10000",
+        "appendonly yes",
+        'appendfilename "appendonly.aof"',
+        "appendfsync everysec",
+        "databases 16",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def server_executable(*, install: bool = True) -> str:
+    """Path of `redis-server`, installing Debian's package first when it is missing.
+
+    Args:
+        install: whether to run `apt-get update && apt-get install -y redis-server` when the
+            server is missing and this process runs as root.
+
+    Raises:
+        StackError: when it is missing and cannot be installed here; the message says how.
+    """
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None
+    )
+    if found:
+        return found
+    how = f"install it with `sudo apt-get update && sudo apt-get install -y {DEBIAN_PACKAGE}`"
+    if not install or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise StackError(f"redis-server is not on PATH; {how}")
+    _apt_install(DEBIAN_PACKAGE)
+    found = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.access(found, os.X_OK):
+        raise StackError(f"apt-get installed {DEBIAN_PACKAGE} but redis-server is not there; {how}")
+    return found
+
+
+def _apt_install(package: str) -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", package]):
+        log.info("running %s", " ".join(argv))
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=900)
+        if result.returncode != 0:
+            output = (result.stdout + result.stderr).strip()[-3000:]
+            raise StackError(f"`{' '.join(argv)}` failed (exit {result.returncode}):\n{output}")
+    # Debian's package may start its own service on 6379 (where no policy-rc.d forbids it);
+    # keyshift supervises its own server, so stop that one again.
+    if shutil.which("service"):
+        subprocess.run(["service", "redis-server", "stop"], capture_output=True, check=False)
+
+
+def client(settings: Settings, *, timeout_s: float = 2.0):
+    """A redis-py client of the local server (database 0), with socket timeouts of `timeout_s` s."""
+    import redis
+
+    return redis.Redis(
+        host=settings.redis_host,
+        port=settings.redis_port,
+        db=0,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
+
+
+def ping(settings: Settings, *, timeout_s: float = 2.0) -> str:
+    """PING the server; return its version.
+
+    Raises:
+        StackError: when it does not answer within `timeout_s` seconds.
+    """
+    import redis
+
+    conn = client(settings, timeout_s=timeout_s)
+    try:
+        if not conn.ping():
+            raise StackError(f"Redis on {settings.redis_host}:{settings.redis_port} did not answer PING")
+        return str(conn.info("server").get("redis_version", "?"))
+    except redis.RedisError as exc:
+        raise StackError(f"Redis on {settings.redis_host}:{settings.redis_port} did not answer: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def is_healthy(settings: Settings, *, timeout_s: float = 2.0) -> bool:
+    """True when the server answers PING within `timeout_s` seconds."""
+    try:
+        ping(settings, timeout_s=timeout_s)
+        return True
+    except StackError as exc:
+        log.debug("redis not healthy: %s", exc)
+        return False
+
+
+def start(settings: Settings) -> bool:
+    """Start the server unless it runs already; do not wait for it (see `wait_healthy`).
+
+    A Redis that keyshift did not start but that answers PING on the port is reused.
+
+    Returns:
+        True when a server process was started, False when one was already there.
+
+    Raises:
+        StackError: when the port is taken by something that does not answer PING, or
+            redis-server is missing and cannot be installed.
+    """
+    home = settings.home
+    if process.is_running(home, NAME):
+        log.info("redis already running (pid %d)", process.read_record(home, NAME).pid)
+        return False
+    if process.port_open(settings.redis_host, settings.redis_port):
+        if is_healthy(settings):
+            log.info("a Redis keyshift did not start answers on %s; reusing it", settings.redis_url)
+            return False
+        raise StackError(
+            f"port {settings.redis_host}:{settings.redis_port} is in use by another process; stop it, or "
+            "choose another port with KEYSHIFT_REDIS_PORT"
+        )
+    server = server_executable()
+    redis_dir(settings).mkdir(parents=True, exist_ok=True)
+    config_file(settings).write_text(render_config(settings))
+    process.start(home, NAME, [server, str(config_file(settings))], cwd=redis_dir(settings))
+    return True
+
+
+def wait_healthy(settings: Settings, *, timeout_s: float) -> float:
+    """Wait until the server answers PING; return the seconds waited.
+
+    Raises:
+        StackError: after `timeout_s` seconds, or as soon as the server process exits; the
+            message names `<home>/logs/redis.log`.
+    """
+    ours = process.read_record(settings.home, NAME) is not None
+    return process.wait_until(
+        lambda: is_healthy(settings),
+        timeout_s=timeout_s,
+        what=f"redis on {settings.redis_host}:{settings.redis_port}",
+        log_path=process.log_file(settings.home, NAME),
+        alive=(lambda: process.is_running(settings.home, NAME)) if ours else None,
+        interval_s=0.2,
+    )
+
+
+def stop(settings: Settings) -> bool:
+    """Stop the server if keyshift started it (SIGTERM: Redis flushes the AOF and exits).
+
+    Returns:
+        True when a running server was stopped.
+    """
+    return process.stop(settings.home, NAME, timeout_s=30.0)
+
+
+def status(settings: Settings) -> ServiceStatus:
+    """The server's state, address and process, with its version when it answers."""
+    record = process.running_record(settings.home, NAME)
+    proc = ProcessState(NAME, record.pid if record else None,
+                        str(process.log_file(settings.home, NAME)))
+    address = f"redis://{settings.redis_host}:{settings.redis_port}/0"
+    try:
+        version = ping(settings)
+        detail = f"Redis {version}, append-only file on" if record else f"Redis {version}"
+        state = HEALTHY if record else EXTERNAL
+    except StackError as exc:
+        detail = str(exc)
+        if record:
+            state = UNHEALTHY
+        elif process.port_open(settings.redis_host, settings.redis_port):
+            state = BLOCKED
+        else:
+            state, detail = STOPPED, ""
+    return ServiceStatus(NAME, state, address, (proc,), detail)

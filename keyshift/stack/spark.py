@@ -1,0 +1,55 @@
+"""Spark's Kafka connector jars, fetched once from Maven Central into the cache.
+
+pyspark's own `jars/` lacks the Kafka source and sink. `infra/spark/pom.xml` names the four jars
+they need at pyspark's version: `spark-sql-kafka-0-10_2.13`, `spark-token-provider-kafka-0-10_2.13`,
+`kafka-clients` and `commons-pool2` (and nothing pyspark ships already, lz4-java above all). Give
+the paths to `spark.jars` (comma-joined) before the first `getOrCreate()`, or to `spark-submit --jars`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from keyshift.errors import StackError
+from keyshift.settings import PROJECT_ROOT, Settings
+from keyshift.stack import maven
+
+log = logging.getLogger("keyshift.stack.spark")
+
+SPARK_VERSION = "4.2.0"
+"""pyspark's version; the connector must match it exactly."""
+POM = PROJECT_ROOT / "infra" / "spark" / "pom.xml"
+CONNECTOR_ARTIFACTS = (
+    "spark-sql-kafka-0-10_2.13",
+    "spark-token-provider-kafka-0-10_2.13",
+    "kafka-clients",
+    "commons-pool2",
+)
+"""Artifact ids of the jars the connector needs beside pyspark's own."""
+
+
+def jars_dir(settings: Settings) -> Path:
+    """Folder of the connector jars in the cache: `<cache>/spark-kafka-connector-<version>`."""
+    return settings.cache / f"spark-kafka-connector-{SPARK_VERSION}"
+
+
+def connector_jars(settings: Settings) -> list[Path]:
+    """The four Kafka connector jars for pyspark, fetched into the cache on first use.
+
+    Returns:
+        Absolute paths of the jars, sorted by file name.
+
+    Raises:
+        StackError: when Maven is missing or fails, or a needed artifact is not among the jars.
+    """
+    jars = maven.copy_dependencies(POM, jars_dir(settings))
+    for artifact in CONNECTOR_ARTIFACTS:
+        if not any(jar.name.startswith(f"{artifact}-") for jar in jars):
+            raise StackError(f"{POM} fetched no {artifact} jar into {jars_dir(settings)}")
+    return jars
+
+
+def jars_option(settings: Settings) -> str:
+    """The connector jars comma-joined, the value for `spark.jars` or `spark-submit --jars`."""
+    return ",".join(str(jar) for jar in connector_jars(settings))
