@@ -8,7 +8,7 @@ watermark `bound_ms`). Two modes:
   `spark_submit` (SparkSubmitOperator on connection `spark_default`; blocks until the job has
   drained the events and exited) → `verify_summary`.
 * **continuous** (`limit` empty or 0): `provision_topics` → `launch_job` (a detached, supervised
-  driver; log in `runs/<run_id>/driver.log`) → `feed_stream` (replays all flights while the job
+  driver; log in `runs/<run_id>/logs/driver.log`) → `feed_stream` (replays all flights while the job
   runs) and `watch_job` (deferred: the triggerer logs batches and consumer lag, and fails the task,
   naming the driver log, if the driver dies) → `verify_summary`. Stop the job with
   `keyshift.orchestration.launch.stop_job`.

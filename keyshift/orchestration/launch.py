@@ -2,15 +2,17 @@
 
 SparkSubmitOperator blocks until spark-submit exits and has no deferrable mode (DESIGN.md,
 pitfalls), so a job that runs until stopped is started here instead: `spark-submit
-spark_jobs/flight_delays.py --run-id ...` in its own session (so neither the Airflow task that
-launched it nor a signal to that task's process group takes it down), stdout and stderr appended
-to `runs/<run_id>/driver.log`, its pid in `runs/<run_id>/driver.pid`, and its run record in the
+spark_jobs/flight_delays.py --run-id ...` as a process supervised by `keyshift.stack.process`
+with `runs/<run_id>/` as its home and `driver` as its name: its own session (neither the Airflow
+task that launched it nor a signal to that task's process group takes it down), stdout and stderr
+appended to `runs/<run_id>/logs/driver.log`, a pid file `runs/<run_id>/run/driver.pid` holding the
+pid and the process's creation time (a recycled pid never counts), and its run record in the
 Redis hash `names.redis_run_key(run_id)`:
 
 | field | written by | meaning |
 | --- | --- | --- |
 | run_id, strategy, partitions, bound_ms, limit | launcher | what was asked |
-| pid, pid_create_time, host | launcher | the driver process (create time guards against pid reuse) |
+| pid, pid_create_time, host | launcher | the driver process (as in its pid file) and the host it runs on |
 | log_path | launcher | the driver log |
 | state | launcher (`starting`), then the job (`running`, `succeeded`, `failed`) | lifecycle |
 | started_at | launcher | ISO-8601 UTC |
@@ -26,19 +28,16 @@ import dataclasses
 import logging
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-
-import psutil
 
 from keyshift import names
 from keyshift.errors import JobError, StackError
 from keyshift.orchestration import pipeline
 from keyshift.settings import PROJECT_ROOT, Settings
+from keyshift.stack import process
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +46,9 @@ ACTIVE_STATES = frozenset({"starting", "running"})
 
 TERMINAL_STATES = frozenset({"succeeded", "failed"})
 """Run states the job writes when it ends."""
+
+DRIVER = pipeline.DRIVER_NAME
+"""The supervised process's name under `runs/<run_id>/` (pid file `run/driver.pid`, log `logs/driver.log`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,39 +94,27 @@ def spark_submit_binary() -> str:
     raise StackError(f"{pipeline.SPARK_SUBMIT} not found in {pipeline.venv_bin()} nor on PATH; run `make env`")
 
 
-def process_alive(pid: int, create_time: float | None = None) -> bool:
-    """Whether process `pid` runs (a zombie counts as dead).
-
-    Args:
-        pid: process id.
-        create_time: `psutil.Process.create_time()` recorded at launch, seconds since the epoch;
-            when given, a process with this pid but another start time (pid reuse) counts as dead.
-    """
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
-            return False
-        return True
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
+def driver_record(settings: Settings, run_id: str) -> process.ProcessRecord | None:
+    """The pid-file record of the run's driver when that very process still runs, else None."""
+    return process.running_record(pipeline.run_dir(settings, run_id), DRIVER)
 
 
-def record_alive(record: dict[str, str]) -> bool | None:
-    """Whether the driver of a run record is alive, if this host can tell.
+def record_alive(settings: Settings, record: dict[str, str]) -> bool | None:
+    """Whether the driver named by a Redis run record is alive, if this host can tell.
+
+    The driver is alive when its pid file (`runs/<run_id>/run/driver.pid`) names a live process
+    with the recorded creation time and that process has the record's pid.
 
     Returns:
         True/False for a record launched on this host with a pid; None when the record has no
         pid yet or was launched on another host (then only the job's `state` can be trusted).
     """
-    pid = record.get("pid")
-    if not pid:
+    if not record.get("pid") or not record.get("run_id"):
         return None
     if record.get("host") not in (None, "", socket.gethostname()):
         return None
-    create_time = float(record["pid_create_time"]) if record.get("pid_create_time") else None
-    return process_alive(int(pid), create_time)
+    live = driver_record(settings, record["run_id"])
+    return live is not None and live.pid == int(record["pid"])
 
 
 def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
@@ -142,13 +132,6 @@ def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
         raise StackError(f"cannot read run {run_id} from Redis at {settings.redis_url}: {exc}") from exc
     finally:
         client.close()
-
-
-def _log_tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def launch_job(
@@ -186,26 +169,26 @@ def launch_job(
 
     pipeline.validate_strategy(strategy)
     key = names.redis_run_key(run_id)
+    home = pipeline.run_dir(settings, run_id)
     client = _redis(settings)
     try:
         existing = client.hgetall(key)
-        if existing.get("state") in ACTIVE_STATES and record_alive(existing):
-            log.info("Run %s already has a live driver (pid %s); adopting it", run_id, existing["pid"])
-            return LaunchedJob(
-                run_id, int(existing["pid"]), Path(existing.get("log_path", "")), (), adopted=True
-            )
+        live = driver_record(settings, run_id)
+        if existing.get("state") in ACTIVE_STATES and live is not None:
+            log.info("Run %s already has a live driver (pid %d); adopting it", run_id, live.pid)
+            return LaunchedJob(run_id, live.pid, Path(live.log_file), live.argv, adopted=True)
         if existing.get("state") == "succeeded":
             raise JobError(f"run {run_id} already succeeded (record {key}); launch with a new run id")
         if existing:
-            log.warning("Run %s has a stale record (state %s, driver gone); launching again", run_id, existing.get("state"))
+            log.warning("Run %s has a stale record (state %s, no live driver); launching again",
+                        run_id, existing.get("state"))
 
-        log_path = pipeline.driver_log_path(settings, run_id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = (
+        argv = (
             spark_submit_binary(), "--master", settings.spark_master, "--name", f"keyshift-{run_id}",
             str(application),
             *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit),
         )
+        log_path = pipeline.driver_log_path(settings, run_id)
         client.delete(key)
         client.hset(key, mapping={
             "run_id": run_id, "state": "starting", "log_path": str(log_path),
@@ -213,35 +196,20 @@ def launch_job(
             "limit": "" if limit is None else str(limit), "started_at": _utcnow_iso(),
             "host": socket.gethostname(),
         })
-        env = {**os.environ, **pipeline.spark_env()}
-        with open(log_path, "ab") as out:
-            out.write(f"# {_utcnow_iso()} keyshift launch: {' '.join(command)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                command, cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-            )
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.NoSuchProcess:
-            create_time = None
-        client.hset(key, mapping={
-            "pid": str(proc.pid), "pid_create_time": "" if create_time is None else repr(create_time),
-        })
-        (log_path.parent / "driver.pid").write_text(f"{proc.pid}\n")
-        log.info("Launched run %s: driver pid %d, log %s", run_id, proc.pid, log_path)
+        started = process.start(home, DRIVER, argv, env={**os.environ, **pipeline.spark_env()}, cwd=PROJECT_ROOT)
+        client.hset(key, mapping={"pid": str(started.pid), "pid_create_time": repr(started.create_time)})
+        log.info("Launched run %s: driver pid %d, log %s", run_id, started.pid, log_path)
 
         deadline = time.monotonic() + startup_check_s
         while time.monotonic() < deadline:
-            code = proc.poll()
-            if code is not None:
+            if not process.is_running(home, DRIVER):
                 client.hset(key, mapping={"state": "failed", "finished_at": _utcnow_iso()})
                 raise JobError(
-                    f"driver of run {run_id} exited with code {code} within {startup_check_s:.0f} s; "
-                    f"see {log_path}:\n{_log_tail(log_path)}"
+                    f"driver of run {run_id} exited within {startup_check_s:.0f} s of its start; "
+                    f"see {log_path}:\n{process.tail(log_path)}"
                 )
             time.sleep(0.2)
-        return LaunchedJob(run_id, proc.pid, log_path, command)
+        return LaunchedJob(run_id, started.pid, log_path, argv)
     except redis.RedisError as exc:
         raise StackError(f"cannot record run {run_id} in Redis at {settings.redis_url}: {exc}") from exc
     finally:
@@ -252,9 +220,11 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
     """Stop a detached driver: SIGTERM to its process group, SIGKILL after `timeout_s`.
 
     Records `stop_requested_at` first, so the monitor reads the driver's end as a requested stop.
+    The signalling is `keyshift.stack.process.stop` (only our own process, by pid file).
 
     Args:
-        settings: Redis. run_id: the run. timeout_s: seconds to wait for a graceful exit.
+        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait for a
+            graceful exit.
 
     Returns:
         True if a live driver was stopped, False if there was none (already ended, or unknown).
@@ -262,31 +232,13 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
     Raises:
         StackError: Redis unreachable.
     """
-    record = read_run_record(settings, run_id)
-    if not record.get("pid") or not record_alive(record):
+    if driver_record(settings, run_id) is None:
         log.info("Run %s has no live driver to stop", run_id)
         return False
-    pid = int(record["pid"])
     client = _redis(settings)
     try:
         client.hset(names.redis_run_key(run_id), "stop_requested_at", _utcnow_iso())
     finally:
         client.close()
-    log.info("Stopping run %s: SIGTERM to process group %d", run_id, pid)
-    _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and record_alive(record):
-        time.sleep(0.5)
-    if record_alive(record):
-        log.warning("Run %s driver %d still alive after %.0f s; SIGKILL", run_id, pid, timeout_s)
-        _signal_group(pid, signal.SIGKILL)
-    return True
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)  # the driver leads its own session, so its pgid is its pid
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        os.kill(pid, sig)
+    log.info("Stopping run %s", run_id)
+    return process.stop(pipeline.run_dir(settings, run_id), DRIVER, timeout_s=timeout_s)

@@ -96,9 +96,16 @@ def summary_path(settings: Settings, run_id: str) -> Path:
     return run_dir(settings, run_id) / "summary.json"
 
 
+DRIVER_NAME = "driver"
+"""A detached driver's process name for `keyshift.stack.process`, with `runs/<run_id>/` as home."""
+
+
 def driver_log_path(settings: Settings, run_id: str) -> Path:
-    """`runs/<run_id>/driver.log`, the stdout and stderr of a detached driver."""
-    return run_dir(settings, run_id) / "driver.log"
+    """`runs/<run_id>/logs/driver.log`: stdout and stderr of a detached driver
+    (`keyshift.stack.process.log_file` with the run folder as home)."""
+    from keyshift.stack.process import log_file
+
+    return log_file(run_dir(settings, run_id), DRIVER_NAME)
 
 
 def provision(settings: Settings, partitions: int, topics: tuple[str, ...] = names.FLIGHT_TOPICS) -> dict[str, int]:

@@ -134,7 +134,7 @@ class JobProgressTrigger(BaseTrigger):
                 else:
                     if latest:
                         last_batch = await self._report(settings, latest)
-                    outcome = self._outcome(record, record_alive(record))
+                    outcome = self._outcome(record, record_alive(settings, record))
                     if outcome is not None and outcome[0] == "failed" and record.get("state") != "failed":
                         # The driver is gone: the job may have written its final state as it exited.
                         record = await self._client.hgetall(run_key)
