@@ -1,0 +1,475 @@
+"""The keyshift_pipeline DAG and its orchestration pieces.
+
+Pure tests (no services): the DAG's wiring and rendered spark-submit arguments, the trigger's
+serialization round trip, the sensor's defer-only `execute`, and the pipeline's small functions.
+
+Integration tests (`-m integration`, need `keyshift stack up`; skipped when Kafka or Redis does
+not answer): `dag.test()` of the provisioning task against the real broker, and the trigger
+against real processes and the real Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from keyshift import names
+from keyshift.errors import ConfigurationError
+from keyshift.orchestration import pipeline
+from keyshift.orchestration.triggers import JobProgressTrigger
+from keyshift.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_FILE = REPO / "dags" / "keyshift_pipeline.py"
+
+
+# ---------------------------------------------------------------- the DAG (pure)
+
+
+@pytest.fixture(scope="module")
+def dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAG_FILE))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags[names.PIPELINE_DAG_ID]
+
+
+def test_dag_shape(dag):
+    upstream = {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks}
+    assert upstream == {
+        "provision_topics": [],
+        "choose_mode": ["provision_topics"],
+        "replay_bounded": ["choose_mode"],
+        "spark_submit": ["replay_bounded"],
+        "launch_job": ["choose_mode"],
+        "feed_stream": ["launch_job"],
+        "watch_job": ["launch_job"],
+        "verify_summary": ["feed_stream", "replay_bounded", "spark_submit", "watch_job"],
+    }
+    assert dag.task_dict["verify_summary"].trigger_rule == "none_failed_min_one_success"
+    assert dag.schedule is None if hasattr(dag, "schedule") else True
+    assert dag.catchup is False
+
+
+def test_dag_params_defaults(dag):
+    params = dag.params.dump()
+    assert params == {"strategy": "hash", "partitions": 8, "limit": 20000, "rate": None, "bound_ms": 3_600_000}
+    # The trigger form accepts a continuous run (null limit) and rejects a negative one.
+    schema = dag.params.get_param("limit").schema
+    assert "null" in schema["type"] and schema["minimum"] == 0
+
+
+@pytest.mark.parametrize(
+    "limit, branch",
+    [
+        (20000, "replay_bounded"),  # the default: a bounded run
+        (1, "replay_bounded"),  # the smallest bounded run
+        (0, "launch_job"),  # 0 means continuous
+        (None, "launch_job"),  # so does an empty field
+    ],
+)
+def test_branch_choice(dag, limit, branch):
+    assert dag.task_dict["choose_mode"].python_callable(params={"limit": limit}) == branch
+
+
+def test_spark_submit_operator_renders_args_from_params(dag):
+    op = dag.task_dict["spark_submit"]
+    assert op._conn_id == "spark_default"
+    assert op.application == str(REPO / "spark_jobs" / "flight_delays.py")
+    assert op.jars is None  # the job sets its own spark.jars
+    env = dag.get_template_env()
+    context = {
+        "params": {"strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000},
+        "run_id": "manual__2026-01-02T03:04:05.678901+00:00",
+    }
+    rendered = [env.from_string(arg).render(**context) for arg in op.application_args]
+    assert rendered == [
+        "--run-id", "manual__2026-01-02T03_04_05.678901_00_00",
+        "--strategy", "hash", "--partitions", "4", "--bound-ms", "60000", "--limit", "20000",
+    ]
+    rendered_env = {k: env.from_string(v).render(**context) for k, v in op.env_vars.items()}
+    assert rendered_env["PYSPARK_PYTHON"] == str(Path(sys.executable).parent / "python")
+    assert rendered_env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert (Path(rendered_env["PATH"].split(os.pathsep)[0]) / "spark-submit").exists()
+
+
+def test_watch_job_run_id_is_templated(dag):
+    op = dag.task_dict["watch_job"]
+    assert "run_id" in op.template_fields
+    rendered = dag.get_template_env().from_string(op.run_id).render(run_id="scheduled__x:y+z")
+    assert rendered == "scheduled__x_y_z"
+
+
+# ---------------------------------------------------------------- trigger and sensor (pure)
+
+
+def _trigger(**overrides) -> JobProgressTrigger:
+    kwargs = dict(run_id="r1", settings=Settings().model_dump(mode="json"), topic="flights",
+                  poll_interval=0.5, start_grace_s=3.0, redis_error_limit=5)
+    kwargs.update(overrides)
+    return JobProgressTrigger(**kwargs)
+
+
+def test_trigger_serialize_round_trip():
+    from airflow.sdk._shared.module_loading import import_string
+
+    trigger = _trigger()
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "keyshift.orchestration.triggers.JobProgressTrigger"
+    json.dumps(kwargs)  # the triggerer stores the kwargs: they must be plain JSON
+    rebuilt = import_string(classpath)(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_trigger_serialize_mirrors_constructor():
+    params = set(inspect.signature(JobProgressTrigger.__init__).parameters) - {"self"}
+    assert set(_trigger().serialize()[1]) == params
+
+
+def test_trigger_rejects_zero_poll_interval():
+    with pytest.raises(ValueError, match="poll_interval"):
+        _trigger(poll_interval=0)
+
+
+def test_sensor_execute_only_defers():
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from keyshift.orchestration.sensors import JobProgressSensor
+
+    sensor = JobProgressSensor(task_id="watch", run_id="run-7", poll_interval=2.0)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context={})
+    assert deferred.value.method_name == "execute_complete"
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert classpath.endswith("JobProgressTrigger")
+    assert kwargs["run_id"] == "run-7" and kwargs["poll_interval"] == 2.0
+    assert kwargs["settings"]["redis_port"] == Settings().redis_port
+
+
+def test_sensor_execute_complete():
+    from airflow.sdk.exceptions import AirflowException
+
+    from keyshift.orchestration.sensors import JobProgressSensor
+
+    sensor = JobProgressSensor(task_id="watch", run_id="run-7")
+    ok = {"status": "succeeded", "run_id": "run-7", "message": "run run-7 succeeded", "log_path": "/x"}
+    assert sensor.execute_complete({}, ok) == ok
+    failed = {"status": "failed", "run_id": "run-7", "message": "driver process 42 is gone",
+              "log_path": "/runs/run-7/logs/driver.log"}
+    with pytest.raises(AirflowException, match="/runs/run-7/logs/driver.log"):
+        sensor.execute_complete({}, failed)
+    with pytest.raises(AirflowException, match="no event"):
+        sensor.execute_complete({}, None)
+
+
+# ---------------------------------------------------------------- pipeline functions (pure)
+
+
+@pytest.mark.parametrize(
+    "airflow_run_id, expected",
+    [
+        ("e2e_1700000000", "e2e_1700000000"),  # already clean: unchanged
+        ("manual__2026-01-02T03:04:05+00:00", "manual__2026-01-02T03_04_05_00_00"),  # Airflow's form
+        ("a/b c", "a_b_c"),  # path separator and space
+    ],
+)
+def test_job_run_id(airflow_run_id, expected):
+    assert pipeline.job_run_id(airflow_run_id) == expected
+    assert pipeline.job_run_id(expected) == expected  # idempotent
+
+
+@pytest.mark.parametrize("bad", ["", ".", ".."])
+def test_job_run_id_rejects_empty(bad):
+    with pytest.raises(ConfigurationError):
+        pipeline.job_run_id(bad)
+
+
+def test_is_bounded_rejects_negative():
+    with pytest.raises(ConfigurationError, match="-5"):
+        pipeline.is_bounded(-5)
+
+
+def test_spark_submit_args_continuous_has_no_limit():
+    assert pipeline.spark_submit_args("r", "hash", 8, 3_600_000, None) == [
+        "--run-id", "r", "--strategy", "hash", "--partitions", "8", "--bound-ms", "3600000",
+    ]
+    assert "--limit" not in pipeline.spark_submit_args("r", "hash", 8, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "ends, offsets, lag",
+    [
+        ({0: 10, 1: 5}, {"0": 10, "1": 5}, {0: 0, 1: 0}),  # caught up
+        ({0: 10, 1: 5}, {"0": 4}, {0: 6, 1: 5}),  # partition 1 not read yet: counts from 0
+        ({0: 10}, {"0": 12}, {0: 0}),  # stale end offsets: never negative
+        ({}, {}, {}),  # empty topic
+    ],
+)
+def test_consumer_lag(ends, offsets, lag):
+    assert pipeline.consumer_lag(ends, offsets) == lag
+
+
+GOOD_SUMMARY = {"run_id": "r", "events_read": 100, "events_produced": 100, "sum_window_counts": 97,
+                "late_events": 2, "dead_letters": 1}
+
+
+@pytest.mark.parametrize(
+    "change, kwargs, problem",
+    [
+        ({}, {"expected_events": 100, "events_replayed": 100, "run_id": "r"}, None),  # reconciles
+        ({"late_events": 3}, {}, "sum_window_counts"),  # one event counted twice
+        ({"events_produced": 101}, {}, "events_produced 101"),  # job read less than produced
+        ({}, {"expected_events": 200}, "limit 200"),  # bounded run stopped early
+        ({}, {"events_replayed": 99}, "replayed 99"),  # replay and job disagree
+        ({}, {"run_id": "other"}, "run_id"),  # somebody else's summary
+        ({"dead_letters": None}, {}, "dead_letters"),  # missing field
+    ],
+)
+def test_summary_problems(change, kwargs, problem):
+    problems = pipeline.summary_problems({**GOOD_SUMMARY, **change}, **kwargs)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_conclude_run_bounded_without_summary_fails_and_records(tmp_path):
+    from keyshift.errors import JobError
+
+    settings = Settings(runs_dir=tmp_path)
+    with pytest.raises(JobError, match="wrote no summary"):
+        pipeline.conclude_run(settings, "r", {"limit": 100}, replayed={"events_produced": 100})
+    record = json.loads((tmp_path / "r" / "pipeline.json").read_text())
+    assert record["verified"] is False and "no summary" in record["error"]
+
+
+def test_conclude_run_bounded_with_summary(tmp_path):
+    settings = Settings(runs_dir=tmp_path)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(GOOD_SUMMARY))
+    record = pipeline.conclude_run(settings, "r", {"limit": 100}, replayed={"events_produced": 100}, dag_run_id="r")
+    assert record["verified"] is True and record["mode"] == "bounded"
+    assert json.loads((tmp_path / "r" / "pipeline.json").read_text())["summary"] == GOOD_SUMMARY
+
+
+def test_conclude_run_continuous_without_summary(tmp_path):
+    record = pipeline.conclude_run(Settings(runs_dir=tmp_path), "r", {"limit": None})
+    assert record["verified"] is False and record["mode"] == "continuous"
+
+
+# ---------------------------------------------------------------- integration
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def stack_settings() -> Settings:
+    settings = Settings()
+    for what, host, port in (("Kafka", settings.kafka_host, settings.kafka_port),
+                             ("Redis", getattr(settings, "redis_host", "127.0.0.1"), settings.redis_port)):
+        if not _port_open(host, port):
+            pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
+    return settings
+
+
+@pytest.fixture
+def redis_client(stack_settings):
+    import redis
+
+    client = redis.Redis.from_url(stack_settings.redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+# dag.test() needs a metadata database; it runs in a fresh interpreter with its own AIRFLOW_HOME
+# (SQLite), so it neither touches the running Airflow's database nor inherits another test's
+# Airflow configuration. Every task but provision_topics is marked success without running.
+_DAG_TEST = textwrap.dedent(
+    """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    bag = DagBag(dag_folder=sys.argv[1])
+    dag = bag.dags["keyshift_pipeline"]
+    run = dag.test(run_conf={"partitions": int(sys.argv[2])}, mark_success_pattern=r"(?!provision_topics$).*")
+    from airflow.utils.session import create_session
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
+    print("RESULT " + json.dumps({"state": str(run.state), "tasks": states}))
+    """
+)
+
+
+@pytest.mark.integration
+def test_dag_test_provisions_topics_idempotently(stack_settings, tmp_path):
+    from keyshift.topics import end_offsets
+
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+    }
+    migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    partitions = stack_settings.partitions
+    for attempt in (1, 2):  # the second run finds the topics and must succeed all the same
+        proc = subprocess.run([sys.executable, "-c", _DAG_TEST, str(DAG_FILE), str(partitions)],
+                              env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"dag.test() run {attempt} failed:\n{proc.stderr[-4000:]}"
+        result = json.loads(lines[-1][len("RESULT "):])
+        assert result["state"] == "success", (attempt, result, proc.stderr[-4000:])
+        assert result["tasks"]["provision_topics"] == "success"
+    for topic in names.FLIGHT_TOPICS:
+        assert len(end_offsets(stack_settings, topic)) == partitions, topic
+
+
+def _record_running_driver(client, settings: Settings, run_id: str, argv: list[str]):
+    """Start a real process the way `launch_job` does and write its Redis run record."""
+    from keyshift.stack import process
+
+    started = process.start(pipeline.run_dir(settings, run_id), pipeline.DRIVER_NAME, argv)
+    client.hset(names.redis_run_key(run_id), mapping={
+        "run_id": run_id, "state": "running", "pid": str(started.pid),
+        "pid_create_time": repr(started.create_time), "host": socket.gethostname(),
+        "log_path": started.log_file,
+    })
+    return started
+
+
+async def _first_event(trigger: JobProgressTrigger, timeout_s: float = 60.0):
+    async def first():
+        async for event in trigger.run():
+            return event
+    return await asyncio.wait_for(first(), timeout_s)
+
+
+@pytest.fixture
+def run_id(redis_client):
+    run_id = f"test-trigger-{uuid.uuid4().hex[:8]}"
+    yield run_id
+    redis_client.delete(names.redis_run_key(run_id), names.redis_progress_key(run_id))
+
+
+@pytest.mark.integration
+def test_trigger_fails_when_recorded_driver_dies(stack_settings, redis_client, run_id, tmp_path):
+    import signal
+
+    settings = Settings(runs_dir=tmp_path)
+    driver = _record_running_driver(redis_client, settings, run_id, [sys.executable, "-c", "import time; time.sleep(120)"])
+    trigger = _trigger(run_id=run_id, settings=settings.model_dump(mode="json"), poll_interval=0.2)
+
+    async def scenario():
+        watch = asyncio.ensure_future(_first_event(trigger))
+        await asyncio.sleep(1.0)
+        assert not watch.done(), "the trigger fired while the driver was alive"
+        os.killpg(driver.pid, signal.SIGKILL)  # a crash: the job never writes a final state
+        return await watch
+
+    event = asyncio.run(scenario())
+    assert event.payload["status"] == "failed"
+    assert event.payload["pid"] == driver.pid
+    assert "is gone" in event.payload["message"] and driver.log_file in event.payload["message"]
+    assert event.payload["log_path"] == driver.log_file
+    assert trigger._client is None  # cleanup closed the Redis client
+
+
+@pytest.mark.integration
+def test_trigger_reports_progress_then_success(stack_settings, redis_client, run_id, tmp_path, capfd, caplog):
+    settings = Settings(runs_dir=tmp_path)
+    driver = _record_running_driver(redis_client, settings, run_id, [sys.executable, "-c", "import time; time.sleep(120)"])
+    progress = {"batch_id": 3, "input_rows": 10, "processed_rows_per_slot": [5, 5],
+                "offsets": {"0": 0}, "watermark_ms": 1_000, "timestamp_ms": 2_000}
+    redis_client.hset(names.redis_progress_key(run_id), "latest", json.dumps(progress))
+    trigger = _trigger(run_id=run_id, settings=settings.model_dump(mode="json"), poll_interval=0.2)
+
+    async def scenario():
+        watch = asyncio.ensure_future(_first_event(trigger))
+        await asyncio.sleep(1.5)
+        redis_client.hset(names.redis_run_key(run_id), mapping={"state": "succeeded"})
+        return await watch
+
+    try:
+        with caplog.at_level("INFO"):
+            event = asyncio.run(scenario())
+    finally:
+        from keyshift.stack import process
+
+        process.stop(pipeline.run_dir(settings, run_id), pipeline.DRIVER_NAME, timeout_s=5)
+    assert event.payload["status"] == "succeeded", event.payload
+    assert event.payload["last_batch"]["batch_id"] == 3
+    logged = capfd.readouterr().out + caplog.text  # Airflow's structlog writes to stdout
+    assert "consumer lag" in logged and "batch 3" in logged
+    assert driver.pid == event.payload["pid"]
+
+
+@pytest.mark.integration
+def test_trigger_fails_without_run_record(stack_settings, run_id):
+    event = asyncio.run(_first_event(_trigger(run_id=run_id, poll_interval=0.2, start_grace_s=0.5)))
+    assert event.payload["status"] == "failed" and "no run record" in event.payload["message"]
+
+
+@pytest.mark.integration
+def test_detached_launch_adopt_and_stop(stack_settings, redis_client, run_id, tmp_path):
+    """A real spark-submit launch of a stand-in application, adopted on relaunch, then stopped."""
+    from keyshift.orchestration import launch
+
+    app = tmp_path / "app.py"
+    app.write_text("import time\nprint('stand-in driver up', flush=True)\ntime.sleep(300)\n")
+    settings = Settings(runs_dir=tmp_path / "runs")
+    job = launch.launch_job(settings, run_id, strategy="hash", partitions=2, bound_ms=1000,
+                            application=app, startup_check_s=2.0)
+    try:
+        record = redis_client.hgetall(names.redis_run_key(run_id))
+        assert record["state"] == "starting" and record["pid"] == str(job.pid)
+        assert record["log_path"] == str(job.log_path) == str(pipeline.driver_log_path(settings, run_id))
+        assert "--run-id" in job.command and run_id in job.command
+        again = launch.launch_job(settings, run_id, strategy="hash", partitions=2, bound_ms=1000, application=app)
+        assert again.adopted and again.pid == job.pid
+        trigger = _trigger(run_id=run_id, settings=settings.model_dump(mode="json"), poll_interval=0.2)
+
+        async def scenario():
+            watch = asyncio.ensure_future(_first_event(trigger))
+            await asyncio.sleep(0.5)
+            assert await asyncio.to_thread(launch.stop_job, settings, run_id, 20.0)
+            return await watch
+
+        event = asyncio.run(scenario())
+        assert event.payload["status"] == "succeeded" and "stopped on request" in event.payload["message"]
+        assert launch.driver_record(settings, run_id) is None
+    finally:
+        launch.stop_job(settings, run_id, timeout_s=5)
+
+
+@pytest.mark.integration
+def test_detached_launch_fails_fast_naming_log(stack_settings, run_id, tmp_path):
+    from keyshift.errors import JobError
+    from keyshift.orchestration import launch
+
+    app = tmp_path / "crash.py"
+    app.write_text("raise SystemExit('stand-in driver crashed on purpose')\n")
+    settings = Settings(runs_dir=tmp_path / "runs")
+    with pytest.raises(JobError) as failure:
+        launch.launch_job(settings, run_id, strategy="hash", partitions=2, bound_ms=1000,
+                          application=app, startup_check_s=60.0)
+    assert str(pipeline.driver_log_path(settings, run_id)) in str(failure.value)
+    assert launch.read_run_record(settings, run_id)["state"] == "failed"
