@@ -1,0 +1,76 @@
+"""`keyshift job run flight_delays`: run the flight delay job in this process (local Spark)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import click
+
+from keyshift.eventtime.windows import HOUR_MS
+from keyshift.names import FLIGHTS_TOPIC
+
+
+def new_run_id(prefix: str = "fd") -> str:
+    """A run id like `fd-20261122T021500Z-3f9a`: UTC start time and 4 random hex digits."""
+    return f"{prefix}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def flight_delay_options(function):
+    """The options of a flight delay run, shared by the CLI and spark_jobs/flight_delays.py."""
+    options = [
+        click.option("--run-id", default=None, help="Run id; default fd-<UTC time>-<hex>. Names runs/<run_id>/."),
+        click.option("--strategy", default="hash", help="Placement strategy of keys to slots."),
+        click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots = topic partitions = shuffle partitions."),
+        click.option("--epoch", type=click.IntRange(min=0), default=0, help="Assignment epoch written on every window."),
+        click.option("--bound-ms", type=click.IntRange(min=0), default=HOUR_MS, help="Watermark bound, ms of event time."),
+        click.option("--window-ms", type=click.IntRange(min=1), default=HOUR_MS, help="Tumbling window size, ms of event time."),
+        click.option("--topic", default=FLIGHTS_TOPIC, help="Input topic."),
+        click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
+        click.option("--limit", type=click.IntRange(min=1), default=None, help="Bounded run: wait for LIMIT records, drain, flush, stop. Default: run until stopped."),
+        click.option("--starting", type=click.Choice(["replay", "earliest", "latest"]), default="replay", help="Start offsets: where the last replay into the topic began, or earliest/latest."),
+        click.option("--idle-timeout", type=click.FloatRange(min=1), default=300.0, help="Fail when no batch completes for this many seconds."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def run_from_options(**options) -> dict:
+    """Build the settings and config from CLI options, run the job, return its summary."""
+    from keyshift.processing.driver import run_flight_delays
+    from keyshift.processing.flight_delays import FlightDelayJobConfig
+    from keyshift.settings import Settings
+
+    config = FlightDelayJobConfig(
+        run_id=options["run_id"] or new_run_id(),
+        strategy=options["strategy"],
+        partitions=options["partitions"],
+        epoch=options["epoch"],
+        bound_ms=options["bound_ms"],
+        window_ms=options["window_ms"],
+        topic=options["topic"],
+        max_offsets_per_trigger=options["max_offsets_per_trigger"],
+        limit=options["limit"],
+        idle_timeout_s=options["idle_timeout"],
+    )
+    return run_flight_delays(Settings(), config, starting=options["starting"])
+
+
+@click.group(name="job")
+def command() -> None:
+    """Run streaming jobs."""
+
+
+@command.command(name="run")
+@click.argument("job", type=click.Choice(["flight_delays"]))
+@flight_delay_options
+def run(job: str, **options) -> None:
+    """Run JOB in this process on local Spark and print its summary as JSON.
+
+    flight_delays: hourly delay windows per origin from the flights topic, with alerts, late
+    events and dead letters. With --limit it drains and stops; without, it runs until Ctrl-C.
+    """
+    summary = run_from_options(**options)
+    click.echo(json.dumps(summary, indent=2, sort_keys=True))

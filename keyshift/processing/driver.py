@@ -1,0 +1,348 @@
+"""Run the flight delay job: Kafka source -> pipeline -> sink, watched until drained or stopped.
+
+`run_flight_delays` is the one entry point (the CLI, spark_jobs/flight_delays.py and the Airflow
+DAG all call it). A bounded run (`config.limit`) waits until the topic holds `limit` records past
+its start offsets, drains them, writes an end-of-input marker to every partition so the watermark
+passes the last windows, waits until every event read is accounted for (Σ window counts + late +
+dead letters), stops and writes `runs/<run_id>/summary.json`. A continuous run goes on until
+SIGTERM/SIGINT, then stops at a batch boundary and writes its summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from kafka import KafkaProducer
+from pyspark.sql import SparkSession
+
+from keyshift.errors import JobError
+from keyshift.monitoring.balance import balance_degree
+from keyshift.processing.flight_delays import FlightDelayJobConfig, flight_delay_stream
+from keyshift.processing.records import end_of_input_marker
+from keyshift.processing.session import build_spark_session, spark_conf
+from keyshift.processing.sinks import FlightDelaySink
+from keyshift.runs import RunRecorder
+from keyshift.settings import Settings
+
+log = logging.getLogger(__name__)
+
+END_OF_INPUT_EVENT_TIME_MS = 253_402_300_799_000
+"""9999-12-31T23:59:59Z: the event time of an end-of-input marker, past every real event."""
+
+
+class PeakMemorySampler(threading.Thread):
+    """Samples the resident memory of a process and of its children (bytes) until stopped.
+
+    Args:
+        pid: the process to watch (the Spark driver JVM); its children are the Python workers.
+        interval_s: seconds between samples.
+    """
+
+    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name="peak-memory")
+        self._process = psutil.Process(pid)
+        self._interval_s = interval_s
+        self._stop_event = threading.Event()
+        self.peak_rss_bytes = 0
+        self.peak_children_rss_bytes = 0
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.peak_rss_bytes = max(self.peak_rss_bytes, self._process.memory_info().rss)
+                children = 0
+                for child in self._process.children(recursive=True):
+                    try:
+                        children += child.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak_children_rss_bytes = max(self.peak_children_rss_bytes, children)
+            except psutil.Error:
+                return
+            self._stop_event.wait(self._interval_s)
+
+    def stop(self) -> None:
+        """Stop sampling (the peaks stay readable)."""
+        self._stop_event.set()
+
+
+def _iso_to_ms(text: str | None) -> int | None:
+    if not text:
+        return None
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _source_end_offsets(progress: dict[str, Any], topic: str) -> dict[int, int]:
+    for source in progress.get("sources", []):
+        end = source.get("endOffset")
+        if isinstance(end, str):
+            end = json.loads(end)
+        if isinstance(end, dict) and topic in end:
+            return {int(p): int(o) for p, o in end[topic].items()}
+    return {}
+
+
+def _covers(consumed: dict[int, int], target: dict[int, int]) -> bool:
+    return all(consumed.get(partition, -1) >= offset for partition, offset in target.items())
+
+
+def _kafka_offsets(settings: Settings, topic: str) -> tuple[dict[int, int], dict[int, int]]:
+    """(beginning, end) offsets per partition of `topic`."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, client_id="keyshift-offsets")
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise JobError(f"topic {topic!r} does not exist; run `keyshift topics create`")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        begin = {tp.partition: o for tp, o in consumer.beginning_offsets(tps).items()}
+        end = {tp.partition: o for tp, o in consumer.end_offsets(tps).items()}
+        return begin, end
+    finally:
+        consumer.close()
+
+
+def starting_offsets(settings: Settings, recorder: RunRecorder, topic: str, mode: str) -> dict[int, int] | str:
+    """Where a run starts reading: `earliest`, `latest`, or `replay`: the offsets at which the
+    last recorded replay into `topic` began (so a bounded run reads exactly that replay's
+    events even if the topic holds earlier ones), falling back to `earliest`.
+
+    Returns:
+        `"earliest"`, `"latest"` or a dict partition -> offset.
+    """
+    if mode != "replay":
+        return mode
+    record = recorder.replay_record(topic)
+    if record.get("start_offsets"):
+        return {int(p): int(o) for p, o in json.loads(record["start_offsets"]).items()}
+    log.info("no replay record for %s: starting at the earliest offsets", topic)
+    return "earliest"
+
+
+def _wait_for_records(
+    settings: Settings, topic: str, limit: int, start: dict[int, int] | str, timeout_s: float
+) -> dict[int, int]:
+    """Wait until `topic` holds >= `limit` records past `start`; return its end offsets then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        begin, end = _kafka_offsets(settings, topic)
+        base = begin if start == "earliest" else (end if start == "latest" else {p: start.get(p, begin[p]) for p in end})
+        available = sum(end[p] - base[p] for p in end)
+        if available >= limit:
+            log.info("topic %s holds %d records to read (limit %d)", topic, available, limit)
+            return end
+        if time.monotonic() > deadline:
+            raise JobError(f"topic {topic!r} holds {available} records after {timeout_s:.0f} s, fewer than the limit {limit}; was the replay run?")
+        log.info("waiting for records in %s: %d of %d", topic, available, limit)
+        time.sleep(2)
+
+
+def _send_end_of_input(settings: Settings, topic: str, run_id: str) -> dict[int, int]:
+    """Write one end-of-input marker of `run_id` to every partition; return the end offsets after."""
+    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", client_id=f"keyshift-eoi-{run_id}")
+    try:
+        for partition in sorted(producer.partitions_for(topic)):
+            producer.send(topic, value=end_of_input_marker(run_id, END_OF_INPUT_EVENT_TIME_MS), partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+    return _kafka_offsets(settings, topic)[1]
+
+
+def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int] | str, max_offsets_per_trigger: int | None):
+    """The Kafka source of `topic` from `start` (a streaming DataFrame of Kafka rows)."""
+    starting = start if isinstance(start, str) else json.dumps({topic: {str(p): o for p, o in start.items()}})
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", starting)
+        .option("failOnDataLoss", "false")
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()
+
+
+def run_flight_delays(
+    settings: Settings,
+    config: FlightDelayJobConfig,
+    starting: str = "replay",
+    spark: SparkSession | None = None,
+    wait_timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Run the flight delay job and return its summary (also written to summary.json).
+
+    Args:
+        settings: the stack's addresses and the runs folder.
+        config: the run (strategy, P, bound, limit ...).
+        starting: `replay` (default: where the last replay into the topic began), `earliest` or
+            `latest`.
+        spark: an existing session (tests); by default one is built with the connector jars.
+        wait_timeout_s: how long a bounded run waits for `limit` records to be in the topic.
+
+    Returns:
+        The summary dict (see `build_summary`).
+
+    Raises:
+        JobError: the query failed, stalled for `config.idle_timeout_s`, or the counts do not
+            reconcile (events read != Σ window counts + late + dead letters).
+        StackError: Kafka or Redis is not reachable.
+    """
+    recorder = RunRecorder(settings, config.run_id)
+    recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic)
+    stop_requested = threading.Event()
+    previous_handlers = _install_stop_handlers(stop_requested)
+    try:
+        start = starting_offsets(settings, recorder, config.topic, starting)
+        target = _wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s) if config.limit else None
+        if spark is None:
+            from keyshift.stack.spark import connector_jars
+
+            conf = spark_conf(config.partitions, jars=connector_jars(settings))
+            spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf)
+        elif spark.conf.get("spark.sql.shuffle.partitions") != str(config.partitions):
+            spark.conf.set("spark.sql.shuffle.partitions", str(config.partitions))
+        sampler = PeakMemorySampler(spark.sparkContext._gateway.proc.pid)
+        sampler.start()
+        producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", linger_ms=20, client_id=f"keyshift-sink-{config.run_id}")
+        sink = FlightDelaySink(recorder.run_dir, config.run_id, config.epoch, config.partitions, producer)
+        stream = flight_delay_stream(read_kafka(spark, settings, config.topic, start, config.max_offsets_per_trigger), config)
+        started = time.monotonic()
+        query = (
+            stream.writeStream.foreachBatch(sink)
+            .queryName(f"flight_delays_{config.run_id}".replace("-", "_"))
+            .option("checkpointLocation", str(recorder.run_dir / "checkpoint"))
+            .start()
+        )
+        log.info("run %s: query started (strategy %s, P=%d, bound %d ms)", config.run_id, config.strategy, config.partitions, config.bound_ms)
+        try:
+            watch = _watch(query, sink, recorder, settings, config, target, stop_requested)
+        finally:
+            query.stop()
+            sampler.stop()
+            producer.close()
+        wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
+        summary = build_summary(config, recorder, sink, watch, wall_seconds, sampler)
+        if config.limit and not summary["reconciled"]:
+            recorder.finish(summary, state="failed")
+            raise JobError(
+                f"run {config.run_id} does not reconcile: events read {summary['events_read']} != "
+                f"windows {summary['sum_window_counts']} + late {summary['late_events']} + dead letters {summary['dead_letters']}"
+            )
+        recorder.finish(summary, state="succeeded" if config.limit else "stopped")
+        return summary
+    except BaseException as exc:
+        recorder.fail(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        _restore_stop_handlers(previous_handlers)
+
+
+def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target, stop_requested) -> dict[str, Any]:
+    """Follow the query batch by batch, publish progress, and decide when a run is done."""
+    seen: set[int] = set()
+    state: dict[str, Any] = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
+    consumed: dict[int, int] = {}
+    last_activity = time.monotonic()
+    while True:
+        error = query.exception()
+        if error is not None:
+            raise JobError(f"the streaming query failed: {error}")
+        for progress in query.recentProgress:
+            record = json.loads(progress.json)
+            batch_id = record["batchId"]
+            if batch_id in seen:
+                continue
+            seen.add(batch_id)
+            last_activity = time.monotonic()
+            state["last_batch_at"] = last_activity
+            state["batches"] += 1
+            state["records_read"] += int(record.get("numInputRows", 0))
+            consumed = _source_end_offsets(record, config.topic) or consumed
+            state["watermark_ms"] = _iso_to_ms(record.get("eventTime", {}).get("watermark"))
+            recorder.progress(
+                {
+                    "run_id": config.run_id,
+                    "batch_id": batch_id,
+                    "input_rows": int(record.get("numInputRows", 0)),
+                    "processed_rows_per_slot": sink.batch_slot_events.get(batch_id, [0] * config.partitions),
+                    "offsets": {str(p): o for p, o in sorted(consumed.items())},
+                    "watermark_ms": state["watermark_ms"],
+                    "timestamp_ms": _iso_to_ms(record.get("timestamp")),
+                    "batch_duration_ms": record.get("durationMs", {}).get("triggerExecution"),
+                    "events_read": sink.counters.processed_events,
+                    "events_accounted": sink.counters.accounted_events,
+                }
+            )
+        if target is not None:
+            if state["markers_end"] is None and consumed and _covers(consumed, target):
+                log.info("run %s: input drained at %s; writing end-of-input markers", config.run_id, consumed)
+                state["markers_end"] = _send_end_of_input(settings, config.topic, config.run_id)
+                last_activity = time.monotonic()
+            elif state["markers_end"] is not None and _covers(consumed, state["markers_end"]):
+                counters = sink.counters
+                if counters.accounted_events == counters.processed_events:
+                    log.info("run %s: all %d events accounted for; stopping", config.run_id, counters.processed_events)
+                    return state
+        if stop_requested.is_set():
+            log.info("run %s: stop requested; stopping at the batch boundary", config.run_id)
+            return state
+        if time.monotonic() - last_activity > config.idle_timeout_s:
+            raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
+        time.sleep(0.5)
+
+
+def build_summary(config: FlightDelayJobConfig, recorder: RunRecorder, sink: FlightDelaySink, watch: dict[str, Any], wall_seconds: float, sampler: PeakMemorySampler) -> dict[str, Any]:
+    """The run's summary: counts (events), balance, speed (events/s) and memory (bytes)."""
+    counters = sink.counters
+    replay = recorder.replay_record(config.topic)
+    events_read = counters.processed_events
+    return {
+        "run_id": config.run_id,
+        "strategy": config.strategy,
+        "partitions": config.partitions,
+        "epoch": config.epoch,
+        "topic": config.topic,
+        "bound_ms": config.bound_ms,
+        "max_offsets_per_trigger": config.max_offsets_per_trigger,
+        "events_produced": int(replay["events_produced"]) if replay.get("events_produced") else None,
+        "records_read": watch["records_read"],
+        "events_read": events_read,
+        "windows_emitted": counters.windows_emitted,
+        "sum_window_counts": counters.sum_window_counts,
+        "alerts": counters.alerts,
+        "late_events": counters.late_events,
+        "dead_letters": counters.dead_letters,
+        "reconciled": events_read == counters.accounted_events,
+        "per_slot_events": counters.per_slot_events,
+        "balance_degree": balance_degree(counters.per_slot_events),
+        "batches": watch["batches"],
+        "final_watermark_ms": watch["watermark_ms"],
+        "wall_seconds": round(wall_seconds, 3),
+        "events_per_second": round(events_read / wall_seconds, 1) if wall_seconds > 0 else None,
+        "driver_peak_rss_bytes": sampler.peak_rss_bytes,
+        "python_workers_peak_rss_bytes": sampler.peak_children_rss_bytes,
+        "windows_path": str(sink.windows_dir),
+    }
+
+
+def _install_stop_handlers(event: threading.Event):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = lambda signum, frame: event.set()  # noqa: E731
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_stop_handlers(previous) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)

@@ -1,0 +1,99 @@
+"""The flight delay pipeline as a function from the Kafka source to the processor's output.
+
+source (Kafka rows) -> parse & validate -> event-time watermark -> drop end-of-input markers
+-> slot token from the assignment -> groupBy(token).transformWithStateInPandas(FlightDelayProcessor)
+
+The result is a streaming DataFrame of `keyshift.processing.processor.OUTPUT_SCHEMA` rows that the
+sink (`keyshift.processing.sinks.FlightDelaySink`) splits into windows, alerts, late events, dead
+letters and per-slot loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from keyshift.eventtime.windows import HOUR_MS
+from keyshift.names import FLIGHTS_TOPIC
+from keyshift.placement.spark_tokens import slot_token_column
+from keyshift.placement.tokens import slot_tokens
+from keyshift.processing.processor import OUTPUT_SCHEMA, FlightDelayProcessor
+from keyshift.processing.records import parse_flight_records
+
+EVENT_TIME_COLUMN = "event_ts"
+
+
+@dataclass(frozen=True)
+class FlightDelayJobConfig:
+    """What one run of the flight delay job does.
+
+    Attributes:
+        run_id: names the run's folder `runs/<run_id>/` and its Redis records.
+        strategy: placement strategy name (`hash` for now).
+        partitions: P slots = Kafka partitions of the input = Spark shuffle partitions.
+        epoch: the assignment epoch in force, written on every window.
+        bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
+        window_ms: tumbling window size, ms of event time.
+        topic: the input topic.
+        max_offsets_per_trigger: records per micro-batch at most (None: all available).
+        limit: bounded run: wait for at least this many records in the topic, drain, flush the
+            last windows, stop. None: run until stopped.
+        idle_timeout_s: a bounded run fails when no batch completes for this long (seconds).
+    """
+
+    run_id: str
+    strategy: str = "hash"
+    partitions: int = 8
+    epoch: int = 0
+    bound_ms: int = HOUR_MS
+    window_ms: int = HOUR_MS
+    topic: str = FLIGHTS_TOPIC
+    max_offsets_per_trigger: int | None = 250_000
+    limit: int | None = None
+    idle_timeout_s: float = 300.0
+
+
+def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> DataFrame:
+    """Chain parse -> watermark -> slot token -> stateful processor over `kafka_rows`.
+
+    Args:
+        kafka_rows: the Kafka source's rows (`key`, `value`, `partition`, `offset`), streaming.
+        config: the run's configuration.
+
+    Returns:
+        A streaming DataFrame of processor output rows (`OUTPUT_SCHEMA`), append mode.
+
+    The watermark column is dropped before the stateful operator on purpose: the processor itself
+    decides lateness per event (window end <= watermark) and sends late events to a side output,
+    so Spark must not filter them out silently first.
+    """
+    parsed = parse_flight_records(kafka_rows)
+    # Another run's end-of-input markers (same topic, earlier run) must not move our watermark.
+    own = parsed.where(~F.col("is_control") | (F.col("control_run_id") == F.lit(config.run_id)))
+    timed = own.withColumn(
+        EVENT_TIME_COLUMN,
+        F.when(
+            F.col("dead_letter_reason").isNull() | F.col("is_control"),
+            F.timestamp_millis(F.col("event_time_ms")),
+        ),
+    )
+    events = (
+        timed.withWatermark(EVENT_TIME_COLUMN, f"{config.bound_ms} milliseconds")
+        # Markers must pass the watermark operator before they are dropped; Spark pushes a filter
+        # below EventTimeWatermark unless it references the event-time column, so this one does.
+        .where(~(F.col("is_control") & F.col(EVENT_TIME_COLUMN).isNotNull()))
+        .drop(EVENT_TIME_COLUMN, "is_control", "control_run_id")
+    )
+    token = slot_token_column(F.col("origin"), F.col("kafka_partition"), config.strategy, config.partitions)
+    return (
+        events.withColumn("token", token)
+        .groupBy("token")
+        .transformWithStateInPandas(
+            statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms),
+            outputStructType=OUTPUT_SCHEMA,
+            outputMode="Append",
+            timeMode="EventTime",
+        )
+    )

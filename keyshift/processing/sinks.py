@@ -1,0 +1,206 @@
+"""Where the flight delay processor's output goes, batch by batch (`foreachBatch`).
+
+Per micro-batch the sink collects the processor's output (windows, late events, dead letters and
+per-slot loads: small next to the input) to the driver once, then
+- writes the final windows to one Parquet file `runs/<run_id>/windows/part-<batch>.parquet`
+  (rewritten, not appended, if Spark replays the batch), with exactly the columns
+  `WINDOW_COLUMNS` and UTC timestamps;
+- sends alerts to `flight-delay-alerts`, late events to `flights-late` and dead letters with their
+  reason to `flights-dead-letter` (JSON values, acks=all, flushed before the batch commits);
+- adds to the run's counters and keeps each batch's per-slot processed events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+
+from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
+from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WINDOW
+
+log = logging.getLogger(__name__)
+
+WINDOW_COLUMNS = (
+    "origin",
+    "window_start",
+    "window_end",
+    "count",
+    "sum_delay_min",
+    "mean_delay_min",
+    "max_delay_min",
+    "alert",
+    "slot",
+    "epoch",
+)
+"""Columns of the windows table, in order."""
+
+WINDOW_TABLE_SCHEMA = pa.schema(
+    [
+        ("origin", pa.string()),
+        ("window_start", pa.timestamp("us", tz="UTC")),
+        ("window_end", pa.timestamp("us", tz="UTC")),
+        ("count", pa.int64()),
+        ("sum_delay_min", pa.int64()),
+        ("mean_delay_min", pa.float64()),
+        ("max_delay_min", pa.int64()),
+        ("alert", pa.bool_()),
+        ("slot", pa.int32()),
+        ("epoch", pa.int64()),
+    ]
+)
+
+
+@dataclass
+class RunCounters:
+    """Totals of one run, in events (windows for `windows_emitted`)."""
+
+    windows_emitted: int = 0
+    sum_window_counts: int = 0
+    alerts: int = 0
+    late_events: int = 0
+    dead_letters: int = 0
+    processed_events: int = 0
+    per_slot_events: list[int] = field(default_factory=list)
+    batches: int = 0
+
+    @property
+    def accounted_events(self) -> int:
+        """Events the outputs account for: Σ window counts + late + dead letters."""
+        return self.sum_window_counts + self.late_events + self.dead_letters
+
+
+class FlightDelaySink:
+    """The `foreachBatch` function of the flight delay job.
+
+    Args:
+        run_dir: `runs/<run_id>/`; windows go to `run_dir/windows/`.
+        run_id: written into alert, late and dead-letter records.
+        epoch: assignment epoch, the windows table's `epoch` column.
+        partitions: P slots, the length of `per_slot_events`.
+        producer: a kafka-python `KafkaProducer` (acks=all) for alerts, late events and dead
+            letters, or None to skip the Kafka side outputs (tests of the windows alone).
+    """
+
+    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, producer=None) -> None:
+        self.windows_dir = Path(run_dir) / "windows"
+        self.windows_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id
+        self.epoch = epoch
+        self.partitions = partitions
+        self.producer = producer
+        self.counters = RunCounters(per_slot_events=[0] * partitions)
+        self.batch_slot_events: dict[int, list[int]] = {}
+        self.batch_partition_ids: dict[int, dict[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        """Route one micro-batch of processor output; called by Spark on the driver."""
+        out = batch.toPandas()
+        by_kind = {kind: rows for kind, rows in out.groupby("kind", sort=False)}
+        loads = by_kind.get(KIND_LOAD, out.iloc[0:0])
+        windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])
+        late = by_kind.get(KIND_LATE, out.iloc[0:0])
+        dead = by_kind.get(KIND_DEAD_LETTER, out.iloc[0:0])
+
+        slot_events = [0] * self.partitions
+        partition_ids: dict[int, int] = {}
+        for slot, count, partition_id in zip(loads["slot"], loads["count"], loads["partition_id"]):
+            slot_events[int(slot)] += int(count)
+            partition_ids[int(slot)] = int(partition_id)
+
+        if len(windows):
+            self._write_windows(windows, batch_id)
+        if self.producer is not None:
+            self._send(ALERTS_TOPIC, windows[windows["alert"].astype(bool)], self._alert_record)
+            self._send(LATE_TOPIC, late, self._late_record)
+            self._send(DEAD_LETTER_TOPIC, dead, self._dead_letter_record)
+            self.producer.flush()
+
+        with self._lock:
+            c = self.counters
+            c.batches += 1
+            c.windows_emitted += len(windows)
+            c.sum_window_counts += int(windows["count"].sum()) if len(windows) else 0
+            c.alerts += int(windows["alert"].astype(bool).sum()) if len(windows) else 0
+            c.late_events += len(late)
+            c.dead_letters += len(dead)
+            c.processed_events += sum(slot_events)
+            c.per_slot_events = [a + b for a, b in zip(c.per_slot_events, slot_events)]
+            self.batch_slot_events[batch_id] = slot_events
+            self.batch_partition_ids[batch_id] = partition_ids
+        log.info(
+            "batch %d: processed %d events, %d windows, %d late, %d dead letters",
+            batch_id, sum(slot_events), len(windows), len(late), len(dead),
+        )
+
+    def _write_windows(self, windows: pd.DataFrame, batch_id: int) -> None:
+        table = pa.table(
+            {
+                "origin": windows["origin"].astype(str).to_numpy(),
+                "window_start": pd.to_datetime(windows["window_start_ms"].astype(np.int64), unit="ms", utc=True),
+                "window_end": pd.to_datetime(windows["window_end_ms"].astype(np.int64), unit="ms", utc=True),
+                "count": windows["count"].astype(np.int64).to_numpy(),
+                "sum_delay_min": windows["sum_delay_min"].astype(np.int64).to_numpy(),
+                "mean_delay_min": windows["mean_delay_min"].astype(np.float64).to_numpy(),
+                "max_delay_min": windows["max_delay_min"].astype(np.int64).to_numpy(),
+                "alert": windows["alert"].astype(bool).to_numpy(),
+                "slot": windows["slot"].astype(np.int32).to_numpy(),
+                "epoch": np.full(len(windows), self.epoch, dtype=np.int64),
+            },
+            schema=WINDOW_TABLE_SCHEMA,
+        )
+        final = self.windows_dir / f"part-{batch_id:08d}.parquet"
+        partial = final.with_suffix(".tmp")
+        pq.write_table(table, partial)
+        partial.replace(final)
+
+    def _send(self, topic: str, rows: pd.DataFrame, to_record) -> None:
+        for row in rows.itertuples(index=False):
+            key, value = to_record(row)
+            self.producer.send(topic, key=key, value=value)
+
+    def _alert_record(self, row) -> tuple[bytes, bytes]:
+        value = {
+            "origin": row.origin,
+            "window_start_ms": int(row.window_start_ms),
+            "window_end_ms": int(row.window_end_ms),
+            "count": int(row.count),
+            "mean_delay_min": float(row.mean_delay_min),
+            "max_delay_min": int(row.max_delay_min),
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+        }
+        return row.origin.encode(), json.dumps(value).encode()
+
+    def _late_record(self, row) -> tuple[bytes, bytes]:
+        value = {
+            "event_id": int(row.event_id),
+            "origin": row.origin,
+            "destination": row.destination,
+            "delay_min": int(row.delay_min),
+            "distance_mi": int(row.distance_mi),
+            "event_time": int(row.event_time_ms),
+            "window_end_ms": int(row.window_end_ms),
+            "watermark_ms": int(row.watermark_ms),
+            "run_id": self.run_id,
+        }
+        return row.origin.encode(), json.dumps(value).encode()
+
+    def _dead_letter_record(self, row) -> tuple[bytes | None, bytes]:
+        value = {
+            "reason": row.dead_letter_reason,
+            "raw_value": row.raw_value,
+            "kafka_partition": int(row.kafka_partition),
+            "kafka_offset": int(row.kafka_offset),
+            "run_id": self.run_id,
+        }
+        return None, json.dumps(value).encode()

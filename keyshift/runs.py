@@ -1,0 +1,93 @@
+"""Run records: what a job run is doing, in Redis (latest) and in `runs/<run_id>/` (history).
+
+- Redis hash `keyshift:run:<run_id>`: run_id, state (starting | running | succeeded | failed |
+  stopped), pid, log_path, summary_path, started_at, finished_at, strategy, partitions, error.
+- Redis hash `keyshift:run:<run_id>:progress`, field `latest`: the last batch's progress record
+  (JSON); every record is also appended to `runs/<run_id>/progress.jsonl`.
+- `runs/<run_id>/summary.json`: the run's summary, written once at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from keyshift.errors import StackError
+from keyshift.names import redis_progress_key, redis_replay_key, redis_run_key
+from keyshift.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RUN_STATES = ("starting", "running", "succeeded", "failed", "stopped")
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """A Redis client for the coordinator at `settings.redis_url` (responses decoded as str).
+
+    Raises:
+        StackError: if Redis does not answer PING (with the fix: `keyshift stack up`).
+    """
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise StackError(f"Redis at {settings.redis_url} is not reachable ({exc}); run `keyshift stack up`") from exc
+    return client
+
+
+class RunRecorder:
+    """Writes one run's record, progress and summary (see the module docstring for the keys).
+
+    Args:
+        settings: where Redis and `runs/` are.
+        run_id: the run's id; its folder is `settings.runs_dir / run_id`.
+    """
+
+    def __init__(self, settings: Settings, run_id: str) -> None:
+        self.run_id = run_id
+        self.run_dir = settings.runs_dir / run_id
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.summary_path = self.run_dir / "summary.json"
+        self.progress_path = self.run_dir / "progress.jsonl"
+        self.redis = redis_client(settings)
+
+    def update(self, **fields: Any) -> None:
+        """Set fields of the run record (values stored as strings; None values skipped)."""
+        mapping = {k: (json.dumps(v) if isinstance(v, (dict, list)) else str(v)) for k, v in fields.items() if v is not None}
+        if mapping:
+            self.redis.hset(redis_run_key(self.run_id), mapping=mapping)
+
+    def start(self, **fields: Any) -> None:
+        """Mark the run `running` with this process's pid and the start time (epoch seconds)."""
+        self.update(run_id=self.run_id, state="running", pid=os.getpid(), started_at=time.time(),
+                    summary_path=self.summary_path, **fields)
+
+    def progress(self, record: dict[str, Any]) -> None:
+        """Publish one batch's progress record: Redis `latest` and a line of progress.jsonl."""
+        line = json.dumps(record, sort_keys=True)
+        self.redis.hset(redis_progress_key(self.run_id), mapping={"latest": line, "batch_id": record.get("batch_id", -1)})
+        with self.progress_path.open("a") as out:
+            out.write(line + "\n")
+
+    def finish(self, summary: dict[str, Any], state: str = "succeeded") -> Path:
+        """Write summary.json (atomically) and mark the run `state`; returns the summary's path."""
+        partial = self.summary_path.with_suffix(".tmp")
+        partial.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        partial.replace(self.summary_path)
+        self.update(state=state, finished_at=time.time(), summary_path=self.summary_path)
+        log.info("run %s %s; summary at %s", self.run_id, state, self.summary_path)
+        return self.summary_path
+
+    def fail(self, error: str) -> None:
+        """Mark the run `failed` with the error text."""
+        self.update(state="failed", finished_at=time.time(), error=error[:2000])
+
+    def replay_record(self, topic: str) -> dict[str, str]:
+        """The last replay's record for `topic` (empty when none was recorded)."""
+        return self.redis.hgetall(redis_replay_key(topic))
