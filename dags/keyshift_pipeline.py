@@ -2,21 +2,21 @@
 ### keyshift pipeline: real flights → Kafka → Spark flight delay job → verified summary
 
 Trigger it with the form's params (strategy, partitions P, `limit` events, `rate` events/s,
-watermark `bound_ms`). Two modes:
+watermark `bound_ms`). Every run: `provision_topics` (idempotent) → `replay` (real flights into
+the input topic; the job starts reading where this replay began) → `choose_mode`, then
 
-* **bounded** (`limit` > 0): `provision_topics` → `replay_bounded` (`limit` real flights) →
-  `spark_submit` (SparkSubmitOperator on connection `spark_default`; blocks until the job has
-  drained the events and exited) → `verify_summary`.
-* **continuous** (`limit` empty or 0): `provision_topics` → `launch_job` (a detached, supervised
-  driver; log in `runs/<run_id>/logs/driver.log`) → `feed_stream` (replays all flights while the job
-  runs) and `watch_job` (deferred: the triggerer logs batches and consumer lag, and fails the task,
-  naming the driver log, if the driver dies) → `verify_summary`. Stop the job with
-  `keyshift.orchestration.launch.stop_job`.
+* **bounded** (`limit` > 0): `spark_submit` (SparkSubmitOperator on connection `spark_default`;
+  blocks until the job has drained the `limit` events, flushed its windows and exited);
+* **continuous** (`limit` empty or 0; the replay sends the whole data set): `launch_job` (a
+  detached, supervised driver; log in `runs/<run_id>/logs/driver.log`) → `watch_job` (deferred:
+  the triggerer logs batches and consumer lag, and fails the task, naming the driver log, if the
+  driver dies). Stop the job with `keyshift.orchestration.launch.stop_job` (or SIGTERM).
 
-`verify_summary` checks `runs/<run_id>/summary.json`: events read = window counts + late events +
-dead letters = events produced (= `limit` when bounded), and writes `runs/<run_id>/pipeline.json`.
-The job's run id is the Airflow run id made path-safe (`job_run_id`). All logic lives in
-`keyshift.orchestration`; this file only wires tasks and does nothing at import.
+Finally `verify_summary` checks `runs/<run_id>/summary.json`: events read = window counts + late
+events + dead letters = events produced (= `limit` when bounded), and writes
+`runs/<run_id>/pipeline.json`. The job's run id is the Airflow run id made path-safe
+(`job_run_id`). All logic lives in `keyshift.orchestration`; this file only wires tasks and does
+nothing at import.
 """
 
 from __future__ import annotations
@@ -63,16 +63,16 @@ def keyshift_pipeline():
 
         return pipeline.provision(Settings(), int(params["partitions"]))
 
-    @task.branch
-    def choose_mode(params=None) -> str:
-        return "replay_bounded" if pipeline.is_bounded(params["limit"]) else "launch_job"
-
     @task
     def replay(params=None) -> dict:
         from keyshift.settings import Settings
 
         p = params
         return pipeline.replay(Settings(), p["limit"], p["rate"], p["strategy"], int(p["partitions"]))
+
+    @task.branch
+    def choose_mode(params=None) -> str:
+        return "spark_submit" if pipeline.is_bounded(params["limit"]) else "launch_job"
 
     @task
     def launch_job(run_id=None, params=None) -> dict:
@@ -84,11 +84,11 @@ def keyshift_pipeline():
         return {"run_id": job.run_id, "pid": job.pid, "log_path": str(job.log_path), "adopted": job.adopted}
 
     @task(trigger_rule="none_failed_min_one_success")
-    def verify_summary(bounded: dict | None, streamed: dict | None, run_id=None, params=None) -> dict:
+    def verify_summary(replayed: dict, run_id=None, params=None) -> dict:
         from keyshift.settings import Settings
 
         return pipeline.conclude_run(Settings(), pipeline.job_run_id(run_id), params,
-                                     replayed=bounded or streamed, dag_run_id=run_id)
+                                     replayed=replayed, dag_run_id=run_id)
 
     spark_submit = SparkSubmitOperator(
         task_id="spark_submit",
@@ -105,15 +105,10 @@ def keyshift_pipeline():
     )
     watch_job = JobProgressSensor(task_id="watch_job", run_id=RUN_ID)
 
-    mode = choose_mode()
-    provision_topics() >> mode
-    replayed = replay.override(task_id="replay_bounded")()
-    launched = launch_job()
-    streamed = replay.override(task_id="feed_stream")()
-    mode >> [replayed, launched]
-    replayed >> spark_submit
-    launched >> [streamed, watch_job]
-    [spark_submit, watch_job] >> verify_summary(replayed, streamed)
+    replayed, launched = replay(), launch_job()
+    provision_topics() >> replayed >> choose_mode() >> [spark_submit, launched]
+    launched >> watch_job
+    [spark_submit, watch_job] >> verify_summary(replayed)
 
 
 keyshift_pipeline()

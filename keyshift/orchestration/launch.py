@@ -12,9 +12,9 @@ Redis hash `names.redis_run_key(run_id)`:
 | field | written by | meaning |
 | --- | --- | --- |
 | run_id, strategy, partitions, bound_ms, limit | launcher | what was asked |
-| pid, pid_create_time, host | launcher | the driver process (as in its pid file) and the host it runs on |
+| pid, pid_create_time, host | launcher (the job may overwrite `pid` with its Python driver's) | the process and its host |
 | log_path | launcher | the driver log |
-| state | launcher (`starting`), then the job (`running`, `succeeded`, `failed`) | lifecycle |
+| state | launcher (`starting`), then the job (`running`, `succeeded`, `stopped`, `failed`) | lifecycle |
 | started_at | launcher | ISO-8601 UTC |
 | summary_path, finished_at | the job | its results |
 | stop_requested_at | `stop_job` | a stop was asked for: a driver gone after this is not a crash |
@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 ACTIVE_STATES = frozenset({"starting", "running"})
 """Run states in which a live driver is expected."""
 
-TERMINAL_STATES = frozenset({"succeeded", "failed"})
-"""Run states the job writes when it ends."""
+TERMINAL_STATES = frozenset({"succeeded", "stopped", "failed"})
+"""Run states the job writes when it ends (`stopped`: a continuous run ended on SIGTERM/SIGINT)."""
 
 DRIVER = pipeline.DRIVER_NAME
 """The supervised process's name under `runs/<run_id>/` (pid file `run/driver.pid`, log `logs/driver.log`)."""
@@ -103,7 +103,9 @@ def record_alive(settings: Settings, record: dict[str, str]) -> bool | None:
     """Whether the driver named by a Redis run record is alive, if this host can tell.
 
     The driver is alive when its pid file (`runs/<run_id>/run/driver.pid`) names a live process
-    with the recorded creation time and that process has the record's pid.
+    with the creation time recorded there (the spark-submit process leading the driver's session).
+    The record's `pid` is not compared: the job overwrites it with its Python driver's pid, a
+    child of that process.
 
     Returns:
         True/False for a record launched on this host with a pid; None when the record has no
@@ -113,8 +115,7 @@ def record_alive(settings: Settings, record: dict[str, str]) -> bool | None:
         return None
     if record.get("host") not in (None, "", socket.gethostname()):
         return None
-    live = driver_record(settings, record["run_id"])
-    return live is not None and live.pid == int(record["pid"])
+    return driver_record(settings, record["run_id"]) is not None
 
 
 def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:

@@ -29,8 +29,9 @@ class JobProgressTrigger(BaseTrigger):
     the consumer lag (input topic end offsets − the job's offsets, per partition and in total).
 
     Outcomes (the event payload's `status`):
-      - `succeeded`: the job recorded `state=succeeded`, or its driver ended after a requested
-        stop (`stop_requested_at`).
+      - `succeeded`: the job recorded `state=succeeded` (a bounded run drained) or `stopped` (a
+        continuous run ended on SIGTERM), or its driver ended after a requested stop
+        (`stop_requested_at`).
       - `failed`: the job recorded `state=failed`; or the driver process is gone while the record
         still says starting/running (a crash); or no run record appeared within `start_grace_s`.
       - `error`: Redis could not be read for `redis_error_limit` polls in a row.
@@ -149,8 +150,8 @@ class JobProgressTrigger(BaseTrigger):
     def _outcome(self, record: dict[str, str], alive: bool | None) -> tuple[str, str] | None:
         """(status, message) if the run has ended, else None."""
         state, log_path = record.get("state"), record.get("log_path")
-        if state == "succeeded":
-            return "succeeded", f"run {self.run_id} succeeded"
+        if state in ("succeeded", "stopped"):
+            return "succeeded", f"run {self.run_id} {state}"
         if state == "failed":
             return "failed", f"run {self.run_id} recorded state failed; see {log_path}"
         if alive is False:
