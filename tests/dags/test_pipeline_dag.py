@@ -49,16 +49,14 @@ def test_dag_shape(dag):
     upstream = {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks}
     assert upstream == {
         "provision_topics": [],
-        "choose_mode": ["provision_topics"],
-        "replay_bounded": ["choose_mode"],
-        "spark_submit": ["replay_bounded"],
+        "replay": ["provision_topics"],
+        "choose_mode": ["replay"],
+        "spark_submit": ["choose_mode"],
         "launch_job": ["choose_mode"],
-        "feed_stream": ["launch_job"],
         "watch_job": ["launch_job"],
-        "verify_summary": ["feed_stream", "replay_bounded", "spark_submit", "watch_job"],
+        "verify_summary": ["replay", "spark_submit", "watch_job"],
     }
     assert dag.task_dict["verify_summary"].trigger_rule == "none_failed_min_one_success"
-    assert dag.schedule is None if hasattr(dag, "schedule") else True
     assert dag.catchup is False
 
 
@@ -73,8 +71,8 @@ def test_dag_params_defaults(dag):
 @pytest.mark.parametrize(
     "limit, branch",
     [
-        (20000, "replay_bounded"),  # the default: a bounded run
-        (1, "replay_bounded"),  # the smallest bounded run
+        (20000, "spark_submit"),  # the default: a bounded run
+        (1, "spark_submit"),  # the smallest bounded run
         (0, "launch_job"),  # 0 means continuous
         (None, "launch_job"),  # so does an empty field
     ],
@@ -140,6 +138,25 @@ def test_trigger_serialize_mirrors_constructor():
 def test_trigger_rejects_zero_poll_interval():
     with pytest.raises(ValueError, match="poll_interval"):
         _trigger(poll_interval=0)
+
+
+@pytest.mark.parametrize(
+    "record, alive, status",
+    [
+        ({"state": "running"}, True, None),  # a live job: keep watching
+        ({"state": "starting"}, None, None),  # another host or no pid yet: trust the state only
+        ({"state": "succeeded"}, False, "succeeded"),  # a bounded run drained and exited
+        ({"state": "stopped"}, False, "succeeded"),  # a continuous run ended on SIGTERM
+        ({"state": "failed"}, True, "failed"),  # the job says so, even while still exiting
+        ({"state": "running"}, False, "failed"),  # crashed without a final state
+        ({"state": "running", "stop_requested_at": "t"}, False, "succeeded"),  # stopped by stop_job
+    ],
+)
+def test_trigger_outcome_table(record, alive, status):
+    outcome = _trigger()._outcome({"log_path": "/runs/r1/logs/driver.log", **record}, alive)
+    assert (outcome[0] if outcome else None) == status
+    if status == "failed":
+        assert "/runs/r1/logs/driver.log" in outcome[1]
 
 
 def test_sensor_execute_only_defers():
