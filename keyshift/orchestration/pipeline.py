@@ -280,23 +280,26 @@ def summary_problems(
     run_id: str | None = None,
     expected_events: int | None = None,
     events_replayed: int | None = None,
+    complete: bool = True,
 ) -> list[str]:
     """Everything wrong with a job summary; an empty list means it reconciles.
 
     The rules: every event read is accounted for exactly once,
     `events_read == sum_window_counts + late_events + dead_letters` (a late event and a dead
-    letter are counted, never dropped: DESIGN.md vocabulary); the job read what was produced,
-    `events_read == events_produced`; for a bounded run both equal the `limit`; and the replay
-    task's own count agrees.
+    letter are counted, never dropped: DESIGN.md vocabulary); a complete run read what was
+    produced, `events_read == events_produced`; for a bounded run both equal the `limit`; and the
+    replay task's own count agrees.
 
     Args:
         summary: the parsed `summary.json`.
         run_id: the expected `run_id` field, if known.
         expected_events: the bounded run's `limit`, if any.
         events_replayed: `events_produced` reported by the pipeline's replay task, if any.
+        complete: whether the run had to read everything produced (a bounded run); a continuous
+            run stopped on request may stop short, so only the accounting rule applies to it.
     """
     problems: list[str] = []
-    required = ("events_read", "events_produced", "sum_window_counts", "late_events", "dead_letters")
+    required = ("events_read", "sum_window_counts", "late_events", "dead_letters") + (("events_produced",) if complete else ())
     missing = [k for k in required if not isinstance(summary.get(k), int)]
     if missing:
         return [f"summary lacks integer field(s) {missing}"]
@@ -307,12 +310,12 @@ def summary_problems(
             f"events_read {read} != sum_window_counts {summary['sum_window_counts']} + late_events "
             f"{summary['late_events']} + dead_letters {summary['dead_letters']} (= {accounted})"
         )
-    if read != summary["events_produced"]:
+    if complete and read != summary["events_produced"]:
         problems.append(f"events_read {read} != events_produced {summary['events_produced']}")
     if expected_events is not None and read != expected_events:
         problems.append(f"events_read {read} != limit {expected_events}")
-    if events_replayed is not None and summary["events_produced"] != events_replayed:
-        problems.append(f"events_produced {summary['events_produced']} != replayed {events_replayed}")
+    if events_replayed is not None and summary.get("events_produced") != events_replayed:
+        problems.append(f"events_produced {summary.get('events_produced')} != replayed {events_replayed}")
     if run_id is not None and summary.get("run_id") not in (None, run_id):
         problems.append(f"summary run_id {summary.get('run_id')!r} != {run_id!r}")
     return problems
@@ -324,6 +327,7 @@ def verify_summary(
     *,
     expected_events: int | None = None,
     events_replayed: int | None = None,
+    complete: bool = True,
 ) -> dict[str, Any]:
     """Read a run's summary, check it reconciles (`summary_problems`), log and return it.
 
@@ -333,7 +337,8 @@ def verify_summary(
     """
     summary = read_summary(settings, run_id)
     problems = summary_problems(
-        summary, run_id=run_id, expected_events=expected_events, events_replayed=events_replayed
+        summary, run_id=run_id, expected_events=expected_events, events_replayed=events_replayed,
+        complete=complete,
     )
     if problems:
         raise JobError(f"summary {summary_path(settings, run_id)} does not reconcile: " + "; ".join(problems))
@@ -387,6 +392,7 @@ def conclude_run(
                 expected_events=limit if bounded else None,
                 # a continuous run may have been stopped before it read everything replayed
                 events_replayed=events_replayed if bounded else None,
+                complete=bounded,
             )
             record.update(verified=True, summary=summary)
         else:

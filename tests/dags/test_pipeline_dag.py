@@ -251,6 +251,8 @@ GOOD_SUMMARY = {"run_id": "r", "events_read": 100, "events_produced": 100, "sum_
         ({}, {"events_replayed": 99}, "replayed 99"),  # replay and job disagree
         ({}, {"run_id": "other"}, "run_id"),  # somebody else's summary
         ({"dead_letters": None}, {}, "dead_letters"),  # missing field
+        ({"events_produced": 500}, {"complete": False}, None),  # a continuous run stopped early
+        ({"late_events": 3}, {"complete": False}, "sum_window_counts"),  # ... still accounts every event
     ],
 )
 def test_summary_problems(change, kwargs, problem):
