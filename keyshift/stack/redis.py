@@ -112,8 +112,10 @@ def _apt_install(package: str) -> None:
 
 
 def client(settings: Settings, *, timeout_s: float = 2.0):
-    """A redis-py client of the local server (database 0), with socket timeouts of `timeout_s` s."""
+    """A redis-py client for probes: database 0, socket timeouts of `timeout_s` s, no retries."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     return redis.Redis(
         host=settings.redis_host,
@@ -121,6 +123,7 @@ def client(settings: Settings, *, timeout_s: float = 2.0):
         db=0,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),  # a probe answers now or not: the caller does the waiting
     )
 
 

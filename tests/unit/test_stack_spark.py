@@ -1,0 +1,59 @@
+"""Spark's Kafka connector jars: the four artifacts, found in the cache without Maven once fetched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from keyshift.errors import StackError
+from keyshift.settings import Settings
+from keyshift.stack import maven, spark
+
+JARS = [
+    "commons-pool2-2.13.1.jar",
+    "kafka-clients-3.9.2.jar",
+    "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+    "spark-token-provider-kafka-0-10_2.13-4.0.0.jar",
+]
+
+
+def _fake_fetch(settings: Settings, jars: list[str]) -> None:
+    dest = spark.jars_dir(settings)
+    dest.mkdir(parents=True)
+    for name in jars:
+        (dest / name).write_bytes(b"jar")
+    (dest / maven.MANIFEST).write_text(
+        json.dumps({"pom_sha256": maven._pom_digest(spark.POM), "jars": jars})
+    )
+
+
+def test_connector_jars_come_from_the_cache_once_fetched(tmp_path, monkeypatch):
+    settings = Settings(home=tmp_path)
+    _fake_fetch(settings, JARS)
+    monkeypatch.setattr(maven.shutil, "which", lambda name: pytest.fail("maven called again"))
+
+    jars = spark.connector_jars(settings)
+
+    assert [jar.name for jar in jars] == JARS
+    assert all(jar.is_absolute() and jar.parent == spark.jars_dir(settings) for jar in jars)
+    assert spark.jars_option(settings) == ",".join(str(jar) for jar in jars)
+
+
+def test_a_fetch_missing_an_artifact_is_an_error(tmp_path):
+    settings = Settings(home=tmp_path)
+    _fake_fetch(settings, JARS[:3])
+    with pytest.raises(StackError, match="spark-token-provider"):
+        spark.connector_jars(settings)
+
+
+def test_jars_go_to_the_cache(tmp_path):
+    settings = Settings(home=tmp_path / "state", cache_dir=tmp_path / "cache")
+    assert spark.jars_dir(settings) == tmp_path / "cache" / "spark-kafka-connector-4.2.0"
+
+
+def test_pom_pins_pysparks_version():
+    import pyspark
+
+    assert pyspark.__version__ == spark.SPARK_VERSION
+    assert f"<spark.version>{spark.SPARK_VERSION}</spark.version>" in spark.POM.read_text()
