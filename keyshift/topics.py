@@ -1,0 +1,291 @@
+"""Kafka topic provisioning: create (idempotently), describe, read end offsets, delete.
+
+Topic names are defined once in `keyshift.names` (`FLIGHT_TOPICS`); this module takes names as
+arguments and never spells one. All calls go to the broker at `settings.bootstrap_servers`
+through kafka-python's `KafkaAdminClient` / `KafkaConsumer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from keyshift.errors import ConfigurationError, StackError
+from keyshift.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_TIMEOUT_MS = 10_000
+"""How long a client waits for the first broker connection before keyshift reports it down."""
+
+_LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """What the broker reports about one topic.
+
+    Attributes:
+        name: topic name.
+        partitions: partition count P.
+        replication: replicas per partition (of partition 0).
+        leaders: partition id -> broker id of its leader (-1 while none is elected).
+    """
+
+    name: str
+    partitions: int
+    replication: int
+    leaders: dict[int, int]
+
+
+def kafka_config(settings: Settings, client_id: str) -> dict[str, object]:
+    """Common kafka-python client settings: bootstrap servers, client id, bootstrap timeout (ms)."""
+    return {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "client_id": client_id,
+        "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
+    }
+
+
+def broker_unreachable(settings: Settings, exc: Exception) -> StackError:
+    """The error to raise when no broker answers at `settings.bootstrap_servers`."""
+    return StackError(
+        f"no Kafka broker answers at {settings.bootstrap_servers} ({exc}); start the stack with `keyshift stack up`"
+    )
+
+
+@contextmanager
+def admin_client(settings: Settings) -> Iterator[KafkaAdminClient]:
+    """A connected `KafkaAdminClient`, closed on exit.
+
+    Raises:
+        StackError: if no broker answers within `BOOTSTRAP_TIMEOUT_MS`.
+    """
+    try:
+        admin = KafkaAdminClient(**kafka_config(settings, "keyshift-admin"))
+    except KafkaError as exc:
+        raise broker_unreachable(settings, exc) from exc
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def check_topic_names(names: Iterable[str]) -> list[str]:
+    """Validate topic names (Kafka's rule: 1..249 characters from `[a-zA-Z0-9._-]`).
+
+    Returns:
+        The names as a list, duplicates removed, order kept.
+
+    Raises:
+        ConfigurationError: if no name is given or a name is illegal (the message names it).
+    """
+    unique = list(dict.fromkeys(names))
+    if not unique:
+        raise ConfigurationError("no topic names given")
+    for name in unique:
+        if not isinstance(name, str) or not _LEGAL_NAME.match(name) or name in {".", ".."}:
+            raise ConfigurationError(f"illegal Kafka topic name {name!r}: use 1..249 characters of [a-zA-Z0-9._-]")
+    return unique
+
+
+def _describe(admin: KafkaAdminClient, names: list[str] | None) -> dict[str, TopicInfo]:
+    """Describe existing topics among `names` (all topics when None); absent ones are left out."""
+    found: dict[str, TopicInfo] = {}
+    for topic in admin.describe_topics(names):
+        if topic.get("error_code", 0) != 0 or not topic.get("partitions"):
+            continue
+        parts = sorted(topic["partitions"], key=lambda p: p["partition_index"])
+        found[topic["name"]] = TopicInfo(
+            name=topic["name"],
+            partitions=len(parts),
+            replication=len(parts[0].get("replica_nodes") or []),
+            leaders={p["partition_index"]: p.get("leader_id", -1) for p in parts},
+        )
+    return found
+
+
+def _wait(condition, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise StackError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def create_topics(
+    settings: Settings,
+    names: Iterable[str],
+    partitions: int,
+    replication: int = 1,
+    recreate: bool = False,
+    timeout_s: float = 30.0,
+) -> dict[str, str]:
+    """Create topics with P partitions, idempotently; return what happened to each.
+
+    An existing topic with P partitions is left as it is (`"exists"`). An existing topic with
+    another partition count is an error, unless `recreate`. With `recreate`, every existing topic
+    among `names` is deleted (its records are lost), keyshift waits until the broker no longer
+    lists it, and creates it again (`"recreated"`). New topics are `"created"`; keyshift returns
+    only once every partition of every topic has a leader.
+
+    Args:
+        settings: where the broker is (`settings.bootstrap_servers`).
+        names: topic names (e.g. `keyshift.names.FLIGHT_TOPICS`).
+        partitions: P >= 1, partitions per topic (the number of slots).
+        replication: replicas per partition, >= 1 (1 on the single-node stack).
+        recreate: delete and create again topics that already exist.
+        timeout_s: seconds to wait for deletion and for leaders, each.
+
+    Returns:
+        name -> `"created"`, `"exists"` or `"recreated"`, in the order given.
+
+    Raises:
+        ConfigurationError: illegal names, P < 1, replication < 1, or an existing topic with a
+            different partition count and `recreate` False (the message says how to fix it).
+        StackError: the broker is unreachable, refuses a request, or a wait times out.
+    """
+    names = check_topic_names(names)
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ConfigurationError(f"partitions must be an int >= 1, got {partitions!r}")
+    if isinstance(replication, bool) or not isinstance(replication, int) or replication < 1:
+        raise ConfigurationError(f"replication must be an int >= 1, got {replication!r}")
+    outcome: dict[str, str] = {}
+    with admin_client(settings) as admin:
+        try:
+            existing = _describe(admin, names)
+            if not recreate:
+                wrong = {n: t.partitions for n, t in existing.items() if t.partitions != partitions}
+                if wrong:
+                    listed = ", ".join(f"{n} has {p}" for n, p in wrong.items())
+                    raise ConfigurationError(
+                        f"topics exist with another partition count ({listed}; wanted {partitions}); "
+                        "pass --recreate (recreate=True) to delete and create them again, losing their records"
+                    )
+                for name in existing:
+                    outcome[name] = "exists"
+                    log.info("topic %s exists with %d partitions", name, partitions)
+            else:
+                _delete(admin, list(existing), timeout_s)
+            missing = [n for n in names if n not in outcome]
+            if missing:
+                _create(admin, missing, partitions, replication, timeout_s)
+                for name in missing:
+                    outcome[name] = "recreated" if name in existing else "created"
+                    log.info("topic %s %s with %d partitions", name, outcome[name], partitions)
+                _wait(
+                    lambda: _all_led(admin, missing, partitions),
+                    f"leaders of {', '.join(missing)}",
+                    timeout_s,
+                )
+        except KafkaError as exc:
+            raise StackError(f"Kafka refused to provision topics {names}: {exc}") from exc
+    return {name: outcome[name] for name in names}
+
+
+def _create(admin: KafkaAdminClient, names: list[str], partitions: int, replication: int, timeout_s: float) -> None:
+    """Create topics, retrying while a just-deleted topic of the same name is still going away."""
+    deadline = time.monotonic() + timeout_s
+    spec = {"num_partitions": partitions, "replication_factor": replication}
+    pending = list(names)
+    while pending:
+        try:
+            admin.create_topics({name: spec for name in pending}, timeout_ms=int(timeout_s * 1000))
+            return
+        except TopicAlreadyExistsError:
+            if time.monotonic() >= deadline:
+                raise
+            pending = [n for n in pending if n not in _describe(admin, pending)]
+            time.sleep(0.2)
+
+
+def _all_led(admin: KafkaAdminClient, names: list[str], partitions: int) -> bool:
+    found = _describe(admin, names)
+    return all(
+        name in found and found[name].partitions == partitions and min(found[name].leaders.values()) >= 0
+        for name in names
+    )
+
+
+def _delete(admin: KafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    """Delete topics and wait until the broker no longer lists them."""
+    if not names:
+        return
+    log.info("deleting topics %s", ", ".join(names))
+    admin.delete_topics(names, timeout_ms=int(timeout_s * 1000))
+    _wait(lambda: not set(names) & set(admin.list_topics()), f"deletion of {', '.join(names)}", timeout_s)
+
+
+def delete_topics(settings: Settings, names: Iterable[str], timeout_s: float = 30.0) -> list[str]:
+    """Delete those of `names` that exist and wait until they are gone; return the deleted ones.
+
+    Raises:
+        ConfigurationError: illegal names.
+        StackError: the broker is unreachable, refuses, or the wait times out.
+    """
+    names = check_topic_names(names)
+    with admin_client(settings) as admin:
+        try:
+            existing = [n for n in names if n in set(admin.list_topics())]
+            _delete(admin, existing, timeout_s)
+        except KafkaError as exc:
+            raise StackError(f"Kafka refused to delete topics {names}: {exc}") from exc
+    return existing
+
+
+def describe_topics(settings: Settings, names: Iterable[str] | None = None) -> dict[str, TopicInfo]:
+    """Describe topics: `names` that exist, or every non-internal topic when `names` is None.
+
+    Returns:
+        name -> `TopicInfo`, sorted by name; topics that do not exist are left out.
+
+    Raises:
+        ConfigurationError: illegal names.
+        StackError: the broker is unreachable or refuses.
+    """
+    wanted = None if names is None else check_topic_names(names)
+    with admin_client(settings) as admin:
+        try:
+            found = _describe(admin, wanted)
+        except KafkaError as exc:
+            raise StackError(f"Kafka refused to describe topics: {exc}") from exc
+    if wanted is None:
+        found = {n: t for n, t in found.items() if not n.startswith("__")}
+    return dict(sorted(found.items()))
+
+
+def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """The end offset of every partition of `topic`: the offset the next record will get.
+
+    For a topic written once from empty, the end offset of a partition is its record count.
+
+    Returns:
+        partition id -> end offset (records), for partitions 0..P-1.
+
+    Raises:
+        ConfigurationError: the topic does not exist (create it with `keyshift topics create`).
+        StackError: the broker is unreachable or does not answer in time.
+    """
+    try:
+        consumer = KafkaConsumer(
+            **kafka_config(settings, "keyshift-offsets"), enable_auto_commit=False, allow_auto_create_topics=False
+        )
+    except KafkaError as exc:
+        raise broker_unreachable(settings, exc) from exc
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise ConfigurationError(f"topic {topic!r} does not exist; create it with `keyshift topics create {topic}`")
+        offsets = consumer.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)], timeout_ms=30_000)
+    except KafkaError as exc:
+        raise StackError(f"cannot read end offsets of {topic!r}: {exc}") from exc
+    finally:
+        consumer.close()
+    return {tp.partition: offset for tp, offset in sorted(offsets.items())}
