@@ -1,0 +1,563 @@
+"""Replay the flights into Kafka in event-time order, one JSON record per flight, keyed by origin.
+
+Record format (one per row of flights-3m, in file order, which is event-time order):
+
+* key: the origin airport code, UTF-8 (e.g. `b"ORD"`);
+* value: compact JSON `{"event_id": int, "origin": str, "destination": str, "delay_min": int,
+  "distance_mi": int, "event_time": int}` where `event_id` is the row number in the file
+  (0..2,999,999, stable across replays) and `event_time` is the flight's `date` in epoch
+  milliseconds UTC (the file's naive timestamps are UTC);
+* partition: the slot the placement strategy gives the key (`hash`: Kafka's murmur2 default),
+  set explicitly on every record;
+* Kafka timestamp: the producer's wall clock (CreateTime). Event time travels in the value only:
+  2001 timestamps as record timestamps would make the broker's time-based retention (7 days by
+  default) delete the data at once.
+
+Throughput: kafka-python spends tens of microseconds of Python per `send`, so the replayer
+(1) builds all JSON values of a batch with Arrow string kernels instead of `json.dumps` per row
+(about 8x faster), (2) places rows with one lookup per distinct key, (3) compresses batches with
+zstd (kafka-python checksums each batch in pure Python unless the `crc32c` package is installed;
+compression shrinks what it has to checksum), turns producer metrics off, and (4) splits the
+partitions over worker processes, each producing its own partitions in file order, so order
+within a partition is kept. With `rate` set, a token bucket holds each worker to its share of
+the rate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import queue as queue_module
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import redis
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+from tqdm import tqdm
+
+from keyshift.data.flights import FLIGHTS_3M, flights_path
+from keyshift.errors import ConfigurationError, DataError, StackError
+from keyshift.names import redis_replay_key
+from keyshift.placement.strategies import SlotCache, Strategy, strategy_by_name
+from keyshift.settings import Settings
+from keyshift.topics import describe_topics, end_offsets, kafka_config
+
+log = logging.getLogger(__name__)
+
+RECORD_FIELDS = ("event_id", "origin", "destination", "delay_min", "distance_mi", "event_time")
+"""Fields of a flight record's JSON value, in the order they are written."""
+
+PRODUCER_CONFIG: dict[str, object] = {
+    "acks": "all",
+    "enable_idempotence": True,  # a retried batch is never written twice
+    "compression_type": "zstd",
+    "linger_ms": 50,
+    "batch_size": 512 * 1024,
+    "max_request_size": 8 * 1024 * 1024,
+    "metrics_enabled": False,
+    "allow_auto_create_topics": False,
+}
+"""kafka-python producer settings of the replayer (measured; see the module docstring)."""
+
+READ_BATCH_ROWS = 65_536
+"""Rows read, encoded and sent per step (events)."""
+
+_PROGRESS_EVERY = 8_192
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What one replay produced.
+
+    Attributes:
+        topic: the topic written.
+        strategy: name of the placement strategy; epoch: its assignment epoch.
+        partitions: P, partitions of the topic.
+        events_produced: records acknowledged by the broker (events).
+        per_partition: partition -> records produced to it by this replay (events).
+        end_offsets: partition -> end offset after the replay (records in the partition).
+        seconds: wall time from the first send to the last acknowledgement (s).
+        workers: producer processes used.
+    """
+
+    topic: str
+    strategy: str
+    epoch: int
+    partitions: int
+    events_produced: int
+    per_partition: dict[int, int]
+    end_offsets: dict[int, int]
+    seconds: float
+    workers: int
+
+    @property
+    def events_per_s(self) -> float:
+        """Throughput of the replay (events/s); 0 when nothing was produced."""
+        return self.events_produced / self.seconds if self.seconds > 0 else 0.0
+
+
+class TokenBucket:
+    """Token bucket holding a sender to `rate` events/s on average, with bursts up to `burst`.
+
+    `take(n)` spends n tokens and sleeps while the balance is negative, so over any long span
+    at most `rate * span + burst` events pass.
+
+    Args:
+        rate: events/s, > 0.
+        burst: bucket size (events), >= 1; default a tenth of a second of events.
+        clock, sleep: time source (s) and sleeper, injectable for tests.
+
+    Raises:
+        ConfigurationError: if rate <= 0 or burst < 1.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not rate > 0:
+            raise ConfigurationError(f"rate must be > 0 events/s, got {rate!r}")
+        self.rate = float(rate)
+        self.burst = float(burst) if burst is not None else max(1.0, self.rate / 10)
+        if self.burst < 1:
+            raise ConfigurationError(f"burst must be >= 1 event, got {burst!r}")
+        self._clock, self._sleep = clock, sleep
+        self._tokens = self.burst
+        self._last = clock()
+
+    def take(self, n: int) -> None:
+        """Spend `n` tokens (events); sleep until the bucket is no longer in debt."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate) - n
+        self._last = now
+        if self._tokens < 0:
+            self._sleep(-self._tokens / self.rate)
+
+
+def event_time_ms(dates: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Event times as epoch milliseconds UTC (int64), floored, from an Arrow timestamp column.
+
+    Naive timestamps are taken as UTC; zoned ones are stored as UTC by Arrow already.
+
+    Raises:
+        DataError: if `dates` is not a timestamp column.
+    """
+    if not pa.types.is_timestamp(dates.type):
+        raise DataError(f"event time column must be a timestamp, got {dates.type}")
+    micros = pc.cast(dates, pa.timestamp("us", tz=dates.type.tz)).cast(pa.int64())
+    return np.floor_divide(micros.to_numpy(), 1000)
+
+
+def _json_strings(column: pa.Array) -> pa.Array:
+    """Each string as a JSON string literal (quoted, escaped), escaping each distinct value once."""
+    encoded = pc.dictionary_encode(column)
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    literals = pa.array([json.dumps(s) for s in encoded.dictionary.to_pylist()], pa.string())
+    return literals.take(encoded.indices)
+
+
+def encode_values(batch: pa.RecordBatch | pa.Table, event_ids: np.ndarray) -> list[bytes]:
+    """The JSON value of each flight in `batch`, as UTF-8 bytes, vectorized with Arrow kernels.
+
+    Args:
+        batch: rows with columns date (timestamp), delay (int, minutes), distance (int, miles),
+            origin (str), destination (str).
+        event_ids: the event id of each row (int64, same length as `batch`).
+
+    Returns:
+        One compact JSON object per row, fields in `RECORD_FIELDS` order, e.g.
+        `b'{"event_id":0,"origin":"LAS","destination":"PHL","delay_min":33,"distance_mi":2176,'
+        b'"event_time":978307260000}'`.
+
+    Raises:
+        DataError: if a column is missing, holds nulls, or `event_ids` has another length.
+    """
+    if len(event_ids) != batch.num_rows:
+        raise DataError(f"{len(event_ids)} event ids for {batch.num_rows} rows")
+    for name in FLIGHTS_3M.columns:
+        if name not in batch.schema.names:
+            raise DataError(f"flights batch lacks column {name!r} (has {batch.schema.names})")
+        if batch.column(name).null_count:
+            raise DataError(f"flights column {name!r} holds {batch.column(name).null_count} nulls")
+    if batch.num_rows == 0:
+        return []
+    text = pc.binary_join_element_wise(
+        '{"event_id":',
+        pa.array(np.asarray(event_ids, dtype=np.int64)).cast(pa.string()),
+        ',"origin":',
+        _json_strings(batch.column("origin")),
+        ',"destination":',
+        _json_strings(batch.column("destination")),
+        ',"delay_min":',
+        pc.cast(batch.column("delay"), pa.int64()).cast(pa.string()),
+        ',"distance_mi":',
+        pc.cast(batch.column("distance"), pa.int64()).cast(pa.string()),
+        ',"event_time":',
+        pa.array(event_time_ms(batch.column("date"))).cast(pa.string()),
+        "}",
+        "",  # separator
+    )
+    return text.cast(pa.binary()).to_pylist()
+
+
+def iter_flight_batches(
+    path: Path, limit: int | None = None, batch_rows: int = READ_BATCH_ROWS
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Read the flights file in file order: (event id of the first row, batch) pairs.
+
+    The file is sorted by `date`; this checks it stays so (each date >= the previous one) and
+    stops after `limit` rows.
+
+    Raises:
+        DataError: if the rows are not in event-time order.
+    """
+    first = 0
+    last_ms: int | None = None
+    parquet = pq.ParquetFile(path)
+    for batch in parquet.iter_batches(batch_size=batch_rows, columns=list(FLIGHTS_3M.columns)):
+        if limit is not None and first + batch.num_rows > limit:
+            batch = batch.slice(0, limit - first)
+        if batch.num_rows == 0:
+            return
+        times = event_time_ms(batch.column("date"))
+        if (last_ms is not None and times[0] < last_ms) or bool(np.any(np.diff(times) < 0)):
+            raise DataError(f"{path} is not sorted by date near row {first}; replay needs event-time order")
+        last_ms = int(times[-1])
+        yield first, batch
+        first += batch.num_rows
+        if limit is not None and first >= limit:
+            return
+
+
+def plan_slots(path: Path, strategy: Strategy, limit: int | None = None) -> tuple[dict[str, int], np.ndarray]:
+    """Place every distinct origin once and count the events each slot will get.
+
+    Returns:
+        (origin -> slot, events per slot as an int64 array of length P).
+
+    Raises:
+        PlacementError: if the strategy cannot place a key (e.g. it is not key-affine).
+    """
+    origins = pq.read_table(path, columns=["origin"]).column("origin")
+    if limit is not None:
+        origins = origins.slice(0, limit)
+    cache = SlotCache(strategy)
+    counts = np.zeros(strategy.partitions, dtype=np.int64)
+    slot_by_key: dict[str, int] = {}
+    for entry in pc.value_counts(origins).to_pylist():
+        slot = slot_by_key[entry["values"]] = cache.slot_of(entry["values"])
+        counts[slot] += entry["counts"]
+    return slot_by_key, counts
+
+
+def split_partitions(counts: np.ndarray, workers: int) -> list[tuple[int, ...]]:
+    """Share partitions among workers so their event counts are as even as greedy allows.
+
+    Longest-processing-time-first: partitions by descending count, each to the worker with the
+    fewest events so far. Each partition goes to exactly one worker (keeps its order).
+
+    Returns:
+        One sorted tuple of partition ids per worker; workers left without events are dropped.
+    """
+    loads = [0] * workers
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    for partition in sorted(range(len(counts)), key=lambda p: (-counts[p], p)):
+        worker = min(range(workers), key=lambda w: (loads[w], w))
+        shares[worker].append(partition)
+        loads[worker] += int(counts[partition])
+    return [tuple(sorted(share)) for share, load in zip(shares, loads) if load > 0]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One worker's part of a replay (picklable: sent to spawned processes)."""
+
+    kafka: dict[str, object]
+    path: Path
+    topic: str
+    limit: int | None
+    slot_by_key: dict[str, int]
+    partitions: int
+    mine: tuple[int, ...]
+    rate: float | None
+    producer_config: dict[str, object] = field(default_factory=lambda: dict(PRODUCER_CONFIG))
+
+
+def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
+    """Send this job's records in file order; return records sent per partition (after flush)."""
+    try:
+        producer = KafkaProducer(**job.kafka, **job.producer_config)
+    except KafkaError as exc:
+        raise StackError(f"cannot start a Kafka producer for {job.kafka['bootstrap_servers']}: {exc}") from exc
+    bucket = TokenBucket(job.rate) if job.rate else None
+    step = max(1, min(_PROGRESS_EVERY, int(job.rate / 20))) if job.rate else _PROGRESS_EVERY
+    mine = np.zeros(job.partitions, dtype=bool)
+    mine[list(job.mine)] = True
+    sent = np.zeros(job.partitions, dtype=np.int64)
+    send, topic = producer.send, job.topic
+    try:
+        for first, batch in iter_flight_batches(job.path, job.limit):
+            origins = pc.dictionary_encode(batch.column("origin"))
+            keys = origins.dictionary.to_pylist()
+            codes = origins.indices.to_numpy()
+            key_slots = np.array([job.slot_by_key[k] for k in keys], dtype=np.int64)
+            slots = key_slots[codes]
+            ids = np.arange(first, first + batch.num_rows, dtype=np.int64)
+            keep = mine[slots]
+            if not keep.all():
+                batch, ids, codes, slots = batch.filter(pa.array(keep)), ids[keep], codes[keep], slots[keep]
+            values = encode_values(batch, ids)
+            key_bytes = [k.encode("utf-8") for k in keys]
+            row_keys = [key_bytes[c] for c in codes.tolist()]
+            row_slots = slots.tolist()
+            for start in range(0, len(values), step):
+                stop = min(start + step, len(values))
+                if bucket is not None:
+                    bucket.take(stop - start)
+                for key, value, slot in zip(row_keys[start:stop], values[start:stop], row_slots[start:stop]):
+                    send(topic, value=value, key=key, partition=slot)
+                report(stop - start)
+            sent += np.bincount(slots, minlength=job.partitions)
+        producer.flush()
+    finally:
+        producer.close()
+    return {p: int(sent[p]) for p in job.mine}
+
+
+def _worker_main(job: _Job, messages) -> None:
+    """Entry point of a spawned replay worker: report progress, then its counts or its error."""
+    pending = 0
+
+    def report(n: int) -> None:
+        nonlocal pending
+        pending += n
+        if pending >= 65_536:
+            messages.put(("progress", pending))
+            pending = 0
+
+    try:
+        counts = _produce(job, report)
+        messages.put(("progress", pending))
+        messages.put(("done", counts))
+    except BaseException as exc:  # noqa: BLE001 - the parent re-raises it
+        messages.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _run_workers(jobs: list[_Job], bar: tqdm) -> dict[int, int]:
+    """Run one spawned process per job; return merged per-partition counts, or raise the first error."""
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    processes = [context.Process(target=_worker_main, args=(job, messages), name=f"keyshift-replay-{i}") for i, job in enumerate(jobs)]
+    for process in processes:
+        process.start()
+    counts: dict[int, int] = {}
+    done = 0
+    try:
+        while done < len(processes):
+            try:
+                kind, payload = messages.get(timeout=1.0)
+            except queue_module.Empty:
+                if any(p.exitcode not in (None, 0) for p in processes):
+                    raise StackError("a replay worker died without reporting; see its log above") from None
+                continue
+            if kind == "progress":
+                bar.update(payload)
+            elif kind == "done":
+                counts.update(payload)
+                done += 1
+            else:
+                raise StackError(f"a replay worker failed: {payload}")
+    finally:
+        for process in processes:
+            if process.is_alive() and done < len(processes):
+                process.terminate()
+            process.join(timeout=30)
+    return counts
+
+
+def _redis(settings: Settings) -> redis.Redis:
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise StackError(f"Redis does not answer at {settings.redis_url} ({exc}); start the stack with `keyshift stack up`") from exc
+    return client
+
+
+def read_replay_record(settings: Settings, topic: str) -> dict[str, object] | None:
+    """The last replay's record for `topic` from Redis, decoded; None if there is none.
+
+    Raises:
+        StackError: if Redis does not answer.
+    """
+    raw = _redis(settings).hgetall(redis_replay_key(topic))
+    if not raw:
+        return None
+    record: dict[str, object] = {k.decode(): v.decode() for k, v in raw.items()}
+    for name in ("end_offsets", "per_partition"):
+        if name in record:
+            record[name] = {int(p): o for p, o in json.loads(record[name]).items()}
+    for name in ("events_produced", "partitions", "epoch", "workers"):
+        if name in record:
+            record[name] = int(record[name])
+    return record
+
+
+def replay_flights(
+    settings: Settings,
+    topic: str,
+    limit: int | None = None,
+    rate: float | None = None,
+    strategy: str | Strategy = "hash",
+    partitions: int | None = None,
+    progress: bool = True,
+    workers: int | None = None,
+) -> ReplayResult:
+    """Produce the flights to `topic` in event-time order, placed by a keyshift strategy.
+
+    Each flight becomes one record (format in the module docstring) with an explicit partition
+    from the strategy. The replay checks Redis first, produces, flushes (acks=all, idempotent),
+    then compares each partition's end-offset growth with the records it sent, and stores its
+    record in the Redis hash `keyshift.names.redis_replay_key(topic)`: `events_produced`,
+    `end_offsets` (JSON), `per_partition` (JSON), `finished_at` (ISO 8601 UTC), `started_at`,
+    `seconds`, `events_per_s`, `strategy`, `epoch`, `partitions`, `workers`, `limit`, `rate`.
+
+    Args:
+        settings: broker, Redis and cache locations.
+        topic: an existing topic (create it with `keyshift topics create`).
+        limit: replay only the first `limit` flights (events, >= 0); None = all 3,000,000.
+        rate: events/s across all workers (token bucket); None = as fast as possible.
+        strategy: a strategy name (`"hash"`) or a key-affine `Strategy`; its P must equal the
+            topic's partition count.
+        partitions: P expected; None = read from the topic's metadata.
+        progress: show a tqdm progress bar (stderr).
+        workers: producer processes; None = 1 when `rate` is set, else min(CPUs, P, 4).
+
+    Returns:
+        A `ReplayResult`.
+
+    Raises:
+        DataError: flights file missing or corrupt (run `keyshift data fetch flights`), or out
+            of event-time order.
+        ConfigurationError: bad limit, rate, workers, a missing topic, or P differing from the
+            topic's partition count.
+        PlacementError: unknown strategy.
+        StackError: Kafka or Redis unreachable, a worker failed, or the topic's end offsets did
+            not grow by exactly the records sent (another writer, or lost records).
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigurationError(f"limit must be an int >= 0 events, got {limit!r}")
+    if rate is not None and not rate > 0:
+        raise ConfigurationError(f"rate must be > 0 events/s, got {rate!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ConfigurationError(f"workers must be an int >= 1, got {workers!r}")
+    path = flights_path(settings)
+    store = _redis(settings)
+    info = describe_topics(settings, [topic]).get(topic)
+    if info is None:
+        raise ConfigurationError(f"topic {topic!r} does not exist; create it with `keyshift topics create {topic}`")
+    if partitions is not None and partitions != info.partitions:
+        raise ConfigurationError(
+            f"topic {topic!r} has {info.partitions} partitions, not {partitions}; "
+            f"recreate it with `keyshift topics create --partitions {partitions} --recreate {topic}`"
+        )
+    placer = strategy_by_name(strategy, info.partitions) if isinstance(strategy, str) else strategy
+    if placer.partitions != info.partitions:
+        raise ConfigurationError(
+            f"strategy {placer.name!r} places over {placer.partitions} slots but topic {topic!r} has {info.partitions}"
+        )
+
+    slot_by_key, planned = plan_slots(path, placer, limit)
+    total = int(planned.sum())
+    if workers is None:
+        workers = 1 if rate is not None else max(1, min(os.cpu_count() or 1, info.partitions, 4))
+    shares = split_partitions(planned, workers) or [tuple(range(info.partitions))]
+    kafka = kafka_config(settings, "keyshift-replay")
+    jobs = [
+        _Job(
+            kafka=kafka,
+            path=path,
+            topic=topic,
+            limit=limit,
+            slot_by_key=slot_by_key,
+            partitions=info.partitions,
+            mine=share,
+            rate=None if rate is None else rate * max(1, int(planned[list(share)].sum())) / max(1, total),
+        )
+        for share in shares
+    ]
+    before = end_offsets(settings, topic)
+    log.info(
+        "replaying %s flights from %s to %s (P=%d, strategy %s epoch %d, %d worker(s), rate %s)",
+        f"{total:,}", path.name, topic, info.partitions, placer.name, placer.epoch, len(jobs),
+        "unlimited" if rate is None else f"{rate:,.0f} events/s",
+    )
+    started_at = datetime.now(UTC)
+    started = time.perf_counter()
+    with tqdm(total=total, unit="ev", unit_scale=True, desc=f"replay {topic}", disable=not progress, mininterval=0.5) as bar:
+        try:
+            if len(jobs) == 1:
+                sent = _produce(jobs[0], bar.update)
+            else:
+                sent = _run_workers(jobs, bar)
+        except KafkaError as exc:
+            raise StackError(f"Kafka failed while replaying to {topic!r} at {settings.bootstrap_servers}: {exc}") from exc
+    seconds = time.perf_counter() - started
+    after = end_offsets(settings, topic)
+    per_partition = {p: int(sent.get(p, 0)) for p in range(info.partitions)}
+    grown = {p: after.get(p, 0) - before.get(p, 0) for p in range(info.partitions)}
+    if grown != per_partition:
+        raise StackError(
+            f"end offsets of {topic!r} grew by {grown} but the replay sent {per_partition}; "
+            "another producer wrote to the topic, or records were lost"
+        )
+    result = ReplayResult(
+        topic=topic,
+        strategy=placer.name,
+        epoch=placer.epoch,
+        partitions=info.partitions,
+        events_produced=sum(per_partition.values()),
+        per_partition=per_partition,
+        end_offsets=after,
+        seconds=seconds,
+        workers=len(jobs),
+    )
+    store.hset(
+        redis_replay_key(topic),
+        mapping={
+            "events_produced": result.events_produced,
+            "end_offsets": json.dumps(result.end_offsets),
+            "per_partition": json.dumps(result.per_partition),
+            "finished_at": datetime.now(UTC).isoformat(),
+            "started_at": started_at.isoformat(),
+            "seconds": f"{seconds:.3f}",
+            "events_per_s": f"{result.events_per_s:.0f}",
+            "strategy": result.strategy,
+            "epoch": result.epoch,
+            "partitions": result.partitions,
+            "workers": result.workers,
+            "limit": "" if limit is None else limit,
+            "rate": "" if rate is None else rate,
+            "source": str(path),
+        },
+    )
+    log.info(
+        "produced %s events to %s in %.1f s (%s events/s, %d worker(s))",
+        f"{result.events_produced:,}", topic, seconds, f"{result.events_per_s:,.0f}", result.workers,
+    )
+    return result

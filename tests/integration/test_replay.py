@@ -1,0 +1,113 @@
+"""Replay real flights into the real broker and read them back (needs `keyshift stack up`)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter, defaultdict
+
+import pytest
+import redis
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from keyshift.data.flights import fetch_flights
+from keyshift.data.replay import read_replay_record, replay_flights
+from keyshift.names import redis_replay_key
+from keyshift.placement.strategies import KafkaPartitioner, strategy_by_name
+from keyshift.settings import Settings
+from keyshift.topics import create_topics, delete_topics, end_offsets
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 8
+EVENTS = 10_000
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    settings = Settings()
+    fetch_flights(settings)  # reuses the verified cached copy that `make setup` fetched
+    return settings
+
+
+@pytest.fixture
+def topic(settings: Settings):
+    name = f"keyshift-it-replay-{uuid.uuid4().hex[:8]}"
+    create_topics(settings, [name], PARTITIONS)
+    yield name
+    delete_topics(settings, [name])
+    redis.Redis.from_url(settings.redis_url).delete(redis_replay_key(name))
+
+
+def consume_all(settings: Settings, topic: str) -> list[tuple[int, int, bytes, dict]]:
+    """Every record of the topic as (partition, offset, key, value), read from the beginning."""
+    ends = end_offsets(settings, topic)
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=30_000,
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in ends]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records = []
+        remaining = sum(ends.values())
+        for message in consumer:
+            records.append((message.partition, message.offset, message.key, json.loads(message.value)))
+            remaining -= 1
+            if remaining == 0:
+                break
+        return records
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_replayed_flights_land_on_their_hash_slot_in_event_time_order(settings: Settings, topic: str, workers: int) -> None:
+    result = replay_flights(settings, topic, limit=EVENTS, progress=False, workers=workers)
+    assert result.events_produced == EVENTS
+    assert result.partitions == PARTITIONS
+    assert result.workers == workers
+
+    records = consume_all(settings, topic)
+    assert len(records) == EVENTS
+    hash_slot = strategy_by_name("hash", PARTITIONS).slot_of
+    for partition, _, key, value in records:
+        assert key == value["origin"].encode("utf-8")
+        assert partition == hash_slot(value["origin"])
+    # every event exactly once, ids 0..N-1
+    assert sorted(value["event_id"] for *_, value in records) == list(range(EVENTS))
+    # counts per partition agree with the result, the end offsets and Redis
+    counted = Counter(partition for partition, *_ in records)
+    assert dict(counted) == {p: c for p, c in result.per_partition.items() if c}
+    assert result.end_offsets == {p: result.per_partition[p] for p in range(PARTITIONS)}
+    stored = read_replay_record(settings, topic)
+    assert stored["events_produced"] == EVENTS
+    assert stored["end_offsets"] == result.end_offsets
+    assert stored["finished_at"]
+    # within a partition, offsets follow the file: event time never decreases, event ids grow
+    by_partition = defaultdict(list)
+    for partition, offset, _, value in sorted(records, key=lambda r: (r[0], r[1])):
+        by_partition[partition].append(value)
+    for values in by_partition.values():
+        times = [v["event_time"] for v in values]
+        ids = [v["event_id"] for v in values]
+        assert times == sorted(times)
+        assert ids == sorted(ids)
+
+
+def test_kafka_partitioner_adapter_places_like_kafka_pythons_default(settings: Settings, topic: str) -> None:
+    keys = [f"key-{i}".encode() for i in range(500)] + ["Zürich".encode(), b"ORD", b"ATL"]
+    ours = KafkaProducer(
+        bootstrap_servers=settings.bootstrap_servers, partitioner=KafkaPartitioner(strategy_by_name("hash", PARTITIONS))
+    )
+    theirs = KafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    try:
+        for key in keys:
+            placed = ours.send(topic, key=key, value=b"ours").get(timeout=30).partition
+            assert placed == theirs.send(topic, key=key, value=b"theirs").get(timeout=30).partition
+    finally:
+        ours.close()
+        theirs.close()
