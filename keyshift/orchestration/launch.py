@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import socket
 import time
 from datetime import UTC, datetime
@@ -218,14 +219,19 @@ def launch_job(
 
 
 def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
-    """Stop a detached driver: SIGTERM to its process group, SIGKILL after `timeout_s`.
+    """Stop a detached driver gracefully: SIGTERM to the job's Python driver, then its group.
 
-    Records `stop_requested_at` first, so the monitor reads the driver's end as a requested stop.
-    The signalling is `keyshift.stack.process.stop` (only our own process, by pid file).
+    The job stops at a batch boundary on SIGTERM and writes its summary (state `stopped`); the
+    spark-submit JVM that leads the session then exits by itself. Signalling the whole group at
+    once would take the JVM down under the Python driver mid-stop, so the Python driver (the
+    record's `pid`, written by the job) is signalled first, and only if it is a member of the
+    driver's session. Whatever still runs after `timeout_s` is stopped by
+    `keyshift.stack.process.stop` (SIGTERM to the group, SIGKILL after another `timeout_s`).
+    `stop_requested_at` is recorded first, so the monitor reads the driver's end as requested.
 
     Args:
-        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait for a
-            graceful exit.
+        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait at each
+            step.
 
     Returns:
         True if a live driver was stopped, False if there was none (already ended, or unknown).
@@ -233,13 +239,33 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
     Raises:
         StackError: Redis unreachable.
     """
-    if driver_record(settings, run_id) is None:
+    live = driver_record(settings, run_id)
+    if live is None:
         log.info("Run %s has no live driver to stop", run_id)
         return False
     client = _redis(settings)
     try:
-        client.hset(names.redis_run_key(run_id), "stop_requested_at", _utcnow_iso())
+        key = names.redis_run_key(run_id)
+        client.hset(key, "stop_requested_at", _utcnow_iso())
+        job_pid = int(client.hget(key, "pid") or 0)
     finally:
         client.close()
-    log.info("Stopping run %s", run_id)
-    return process.stop(pipeline.run_dir(settings, run_id), DRIVER, timeout_s=timeout_s)
+    if job_pid and job_pid != live.pid and _in_session(job_pid, live.pid):
+        log.info("Stopping run %s: SIGTERM to its Python driver %d", run_id, job_pid)
+        os.kill(job_pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and driver_record(settings, run_id) is not None:
+            time.sleep(0.5)
+    if driver_record(settings, run_id) is not None:
+        log.info("Stopping run %s: SIGTERM to the process group of %d", run_id, live.pid)
+    process.stop(pipeline.run_dir(settings, run_id), DRIVER, timeout_s=timeout_s)
+    log.info("Run %s stopped", run_id)
+    return True
+
+
+def _in_session(pid: int, session_id: int) -> bool:
+    """Whether live process `pid` belongs to the session led by `session_id` (never signal strangers)."""
+    try:
+        return os.getsid(pid) == session_id
+    except (ProcessLookupError, PermissionError):
+        return False

@@ -77,9 +77,10 @@ class JobProgressSensor(BaseOperator):
         if not event:
             raise AirflowException(f"run {self.run_id}: the trigger returned no event")
         if event.get("status") != "succeeded":
-            raise AirflowException(
-                f"run {event.get('run_id', self.run_id)} {event.get('status')}: {event.get('message')} "
-                f"(driver log: {event.get('log_path') or 'unknown'})"
-            )
+            message = f"run {event.get('run_id', self.run_id)} {event.get('status')}: {event.get('message')}"
+            log_path = event.get("log_path")
+            if not log_path or log_path not in message:
+                message += f" (driver log: {log_path or 'unknown'})"
+            raise AirflowException(message)
         self.log.info("%s; last batch %s", event.get("message"), event.get("last_batch"))
         return event

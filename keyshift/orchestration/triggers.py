@@ -153,7 +153,8 @@ class JobProgressTrigger(BaseTrigger):
         if state in ("succeeded", "stopped"):
             return "succeeded", f"run {self.run_id} {state}"
         if state == "failed":
-            return "failed", f"run {self.run_id} recorded state failed; see {log_path}"
+            error = f": {record['error']}" if record.get("error") else ""
+            return "failed", f"run {self.run_id} recorded state failed{error}; see {log_path}"
         if alive is False:
             if record.get("stop_requested_at"):
                 return "succeeded", f"run {self.run_id} stopped on request at {record['stop_requested_at']}"
