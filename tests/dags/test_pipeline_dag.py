@@ -147,7 +147,7 @@ def test_trigger_rejects_zero_poll_interval():
         ({"state": "starting"}, None, None),  # another host or no pid yet: trust the state only
         ({"state": "succeeded"}, False, "succeeded"),  # a bounded run drained and exited
         ({"state": "stopped"}, False, "succeeded"),  # a continuous run ended on SIGTERM
-        ({"state": "failed"}, True, "failed"),  # the job says so, even while still exiting
+        ({"state": "failed", "error": "JobError: boom"}, True, "failed"),  # the job says so, even while still exiting
         ({"state": "running"}, False, "failed"),  # crashed without a final state
         ({"state": "running", "stop_requested_at": "t"}, False, "succeeded"),  # stopped by stop_job
     ],
@@ -157,6 +157,7 @@ def test_trigger_outcome_table(record, alive, status):
     assert (outcome[0] if outcome else None) == status
     if status == "failed":
         assert "/runs/r1/logs/driver.log" in outcome[1]
+        assert record.get("error", "") in outcome[1]  # the job's own error text is passed on
 
 
 def test_sensor_execute_only_defers():
@@ -360,6 +361,80 @@ def test_dag_test_provisions_topics_idempotently(stack_settings, tmp_path):
         assert result["tasks"]["provision_topics"] == "success"
     for topic in names.FLIGHT_TOPICS:
         assert len(end_offsets(stack_settings, topic)) == partitions, topic
+
+
+# The continuous path for real: `launch_job` starts the flight delay job detached, `watch_job`
+# defers and dag.test() runs its trigger inline; a helper thread stops the job once its query
+# runs, the trigger reports the clean end, and `verify_summary` checks the summary the job wrote.
+# The replay is marked success (a continuous replay sends all 3,000,000 flights).
+_DAG_TEST_CONTINUOUS = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from pathlib import Path
+    from airflow.dag_processing.dagbag import DagBag
+    from keyshift.orchestration import launch, pipeline
+    from keyshift.settings import Settings
+
+    settings = Settings()
+    stopped = {}
+
+    def stopper():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            runs = [p.name for p in Path(settings.runs_dir).iterdir()] if Path(settings.runs_dir).exists() else []
+            if runs:
+                run_id = runs[0]
+                log_path = pipeline.driver_log_path(settings, run_id)
+                record = launch.read_run_record(settings, run_id)
+                started = log_path.exists() and "query started" in log_path.read_text(errors="replace")
+                if record.get("state") == "running" and started:
+                    time.sleep(3)
+                    stopped["run_id"], stopped["stopped"] = run_id, launch.stop_job(settings, run_id, 60)
+                    return
+            time.sleep(1)
+
+    threading.Thread(target=stopper, daemon=True).start()
+    dag = DagBag(dag_folder=sys.argv[1]).dags["keyshift_pipeline"]
+    run = dag.test(run_conf={"limit": 0, "partitions": int(sys.argv[2])}, mark_success_pattern=r"replay")
+    from airflow.utils.session import create_session
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
+    print("RESULT " + json.dumps({"state": str(run.state), "tasks": states, **stopped}))
+    """
+)
+
+
+@pytest.mark.integration
+def test_dag_test_continuous_path_launch_watch_stop(stack_settings, tmp_path):
+    if not (REPO / "spark_jobs" / "flight_delays.py").exists():
+        pytest.skip("spark_jobs/flight_delays.py is not there yet")
+    runs = tmp_path / "runs"
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+        "KEYSHIFT_RUNS_DIR": str(runs),
+    }
+    migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-c", _DAG_TEST_CONTINUOUS, str(DAG_FILE), str(stack_settings.partitions)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    driver_logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in runs.glob("*/logs/driver.log"))
+    assert proc.returncode == 0 and lines, f"dag.test() failed:\n{proc.stderr[-4000:]}\n{driver_logs}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result.get("stopped") is True, (result, driver_logs)
+    assert result["state"] == "success", (result, proc.stderr[-4000:], driver_logs)
+    assert result["tasks"]["spark_submit"] == "skipped"
+    assert result["tasks"]["launch_job"] == result["tasks"]["watch_job"] == "success"
+    assert result["tasks"]["verify_summary"] == "success"
+    run_dir = runs / result["run_id"]
+    record = json.loads((run_dir / "pipeline.json").read_text())
+    assert record["mode"] == "continuous"
+    assert "consumer lag" in proc.stdout + proc.stderr  # the trigger logged the job's lag
 
 
 def _record_running_driver(client, settings: Settings, run_id: str, argv: list[str]):
