@@ -303,14 +303,15 @@ def start(settings: Settings, *, migrate_timeout_s: float = 600.0) -> bool:
     """Start whichever Airflow components are not running; do not wait (see `wait_healthy`).
 
     On a first start (none running) it writes the passwords file and migrates the database first.
-    An Airflow that keyshift did not start but that answers on the port is reused.
+    An Airflow that answers on the port is reused, unless another keyshift state directory started
+    it: that one serves another checkout's DAGs and settings.
 
     Returns:
         True when at least one component was started.
 
     Raises:
-        StackError: when the port is taken by something that is not a healthy Airflow, or the
-            database migration fails.
+        StackError: when the port is taken by something that is not a healthy Airflow, or by
+            another keyshift stack's Airflow, or the database migration fails.
     """
     home = settings.home
     running = _running(settings)
@@ -318,12 +319,23 @@ def start(settings: Settings, *, migrate_timeout_s: float = 600.0) -> bool:
         log.info("airflow already running (%s)", ", ".join(running))
         return False
     if not running["airflow-api-server"] and process.port_open(HOST, settings.airflow_port):
+        owner = process.port_owner(settings.airflow_port)
+        who = owner.describe() if owner else "owner unknown"
+        foreign = owner is not None and owner.keyshift_home not in (None, settings.home)
+        if foreign:
+            # another checkout's Airflow: its DAGs, code and KEYSHIFT_* settings are not these
+            raise StackError(
+                f"Airflow on {base_url(settings)} belongs to another keyshift stack ({who}); it "
+                "runs that stack's DAGs and settings, not this checkout's. Stop it with "
+                f"`KEYSHIFT_HOME={owner.keyshift_home} keyshift stack down --only airflow`, or run "
+                "this one on another port with KEYSHIFT_AIRFLOW_PORT"
+            )
         if is_healthy(settings):
-            log.info("an Airflow keyshift did not start answers on %s; reusing it", base_url(settings))
+            log.info("an Airflow already answers on %s (%s); reusing it", base_url(settings), who)
             return False
         raise StackError(
-            f"port {HOST}:{settings.airflow_port} is in use by another process; stop it, or "
-            "choose another port with KEYSHIFT_AIRFLOW_PORT"
+            f"port {HOST}:{settings.airflow_port} is in use by another process ({who}); stop it, "
+            "or choose another port with KEYSHIFT_AIRFLOW_PORT"
         )
     env = airflow_env(settings)
     airflow_home(settings).mkdir(parents=True, exist_ok=True)
@@ -413,6 +425,9 @@ def status(settings: Settings) -> ServiceStatus:
             all_ours = all(p.pid for p in procs)
             state = HEALTHY if all_ours else (UNHEALTHY if ours else EXTERNAL)
             detail = f"login: user {settings.airflow_user}, password {settings.airflow_password}"
+            if state == EXTERNAL:
+                owner = process.port_owner(settings.airflow_port)
+                detail += f" ({owner.describe() if owner else 'not started by this keyshift'})"
     except StackError as exc:
         if ours:
             state, detail = UNHEALTHY, str(exc)

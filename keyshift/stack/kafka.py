@@ -278,13 +278,15 @@ def start(settings: Settings) -> bool:
         return False
     for port in (settings.kafka_port, settings.kafka_controller_port):
         if process.port_open(settings.kafka_host, port):
+            owner = process.port_owner(port)
+            who = owner.describe() if owner else "owner unknown"
             if port == settings.kafka_port and is_healthy(settings):
-                log.info("a Kafka broker keyshift did not start answers on %s; reusing it",
-                         settings.bootstrap_servers)
+                log.info("a Kafka broker already answers on %s (%s); reusing it",
+                         settings.bootstrap_servers, who)
                 return False
             raise StackError(
-                f"port {settings.kafka_host}:{port} is in use by another process; stop it, or "
-                f"choose other ports with KEYSHIFT_KAFKA_PORT / KEYSHIFT_KAFKA_CONTROLLER_PORT"
+                f"port {settings.kafka_host}:{port} is in use by another process ({who}); stop "
+                "it, or choose other ports with KEYSHIFT_KAFKA_PORT / KEYSHIFT_KAFKA_CONTROLLER_PORT"
             )
     fetch(settings)
     java = java_executable()
@@ -334,8 +336,13 @@ def status(settings: Settings) -> ServiceStatus:
     address = settings.bootstrap_servers
     try:
         health = probe(settings, timeout_s=3.0)
-        detail = f"cluster {health.cluster_id}, {len(health.topics)} topics, Kafka {KAFKA_VERSION}"
+        detail = f"cluster {health.cluster_id}, {len(health.topics)} topics"
         state = HEALTHY if record else EXTERNAL
+        if state == EXTERNAL:
+            owner = process.port_owner(settings.kafka_port)
+            detail += f" ({owner.describe() if owner else 'not started by this keyshift'})"
+        else:
+            detail += f", Kafka {KAFKA_VERSION}"
     except StackError as exc:
         detail = str(exc)
         if record:

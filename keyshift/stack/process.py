@@ -30,6 +30,9 @@ from keyshift.errors import StackError
 
 log = logging.getLogger("keyshift.stack.process")
 
+HOME_MARKER = "KEYSHIFT_STACK_HOME"
+"""Environment variable set in every process keyshift starts: the state directory that started it."""
+
 _CREATE_TIME_TOLERANCE_S = 0.05
 """psutil reports creation times rounded to clock ticks; two reads of one process agree within this."""
 
@@ -151,7 +154,8 @@ def start(
         home: the state directory.
         name: the process's name within the stack; names its pid and log files.
         argv: the command and its arguments; `argv[0]` must be an executable path or on PATH.
-        env: the complete environment of the new process (None: inherit this one's).
+        env: the complete environment of the new process (None: this one's). keyshift adds
+            `KEYSHIFT_STACK_HOME=<home>`, which tells `port_owner` whose process it is.
         cwd: its working directory (None: this one's).
 
     Returns:
@@ -163,6 +167,8 @@ def start(
     existing = running_record(home, name)
     if existing is not None:
         raise StackError(f"{name} is already running (pid {existing.pid}); stop it first")
+    env = dict(os.environ if env is None else env)
+    env[HOME_MARKER] = str(home)
     log_path = log_file(home, name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
@@ -175,7 +181,7 @@ def start(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
+                env=env,
                 cwd=cwd,
                 start_new_session=True,
                 close_fds=True,
@@ -278,6 +284,45 @@ def tail(path: Path | str, lines: int = 20) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class PortOwner:
+    """The process listening on a port, and the keyshift state directory that started it.
+
+    Attributes:
+        pid: the listening process.
+        keyshift_home: the state directory of the keyshift stack that started it (from its
+            `KEYSHIFT_STACK_HOME`), or None when keyshift did not start it or it cannot be told.
+    """
+
+    pid: int
+    keyshift_home: Path | None
+
+    def describe(self) -> str:
+        """`started by keyshift in <home>` or `not started by keyshift`, with the pid."""
+        if self.keyshift_home is None:
+            return f"pid {self.pid}, not started by keyshift"
+        return f"pid {self.pid}, started by keyshift in {self.keyshift_home}"
+
+
+def port_owner(port: int) -> PortOwner | None:
+    """Who listens on TCP `port` on this machine, or None when nobody does or it cannot be seen.
+
+    Seeing other users' processes needs root; for them the answer is None.
+    """
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, PermissionError):
+        return None
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                marker = psutil.Process(conn.pid).environ().get(HOME_MARKER)
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                marker = None
+            return PortOwner(conn.pid, Path(marker) if marker else None)
+    return None
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

@@ -173,12 +173,14 @@ def start(settings: Settings) -> bool:
         log.info("redis already running (pid %d)", process.read_record(home, NAME).pid)
         return False
     if process.port_open(settings.redis_host, settings.redis_port):
+        owner = process.port_owner(settings.redis_port)
+        who = owner.describe() if owner else "owner unknown"
         if is_healthy(settings):
-            log.info("a Redis keyshift did not start answers on %s; reusing it", settings.redis_url)
+            log.info("a Redis already answers on %s (%s); reusing it", settings.redis_url, who)
             return False
         raise StackError(
-            f"port {settings.redis_host}:{settings.redis_port} is in use by another process; stop it, or "
-            "choose another port with KEYSHIFT_REDIS_PORT"
+            f"port {settings.redis_host}:{settings.redis_port} is in use by another process ({who}); "
+            "stop it, or choose another port with KEYSHIFT_REDIS_PORT"
         )
     server = server_executable()
     redis_dir(settings).mkdir(parents=True, exist_ok=True)
@@ -222,8 +224,11 @@ def status(settings: Settings) -> ServiceStatus:
     address = f"redis://{settings.redis_host}:{settings.redis_port}/0"
     try:
         version = ping(settings)
-        detail = f"Redis {version}, append-only file on" if record else f"Redis {version}"
+        detail = f"Redis {version}, append-only file on"
         state = HEALTHY if record else EXTERNAL
+        if state == EXTERNAL:
+            owner = process.port_owner(settings.redis_port)
+            detail = f"Redis {version} ({owner.describe() if owner else 'not started by this keyshift'})"
     except StackError as exc:
         detail = str(exc)
         if record:

@@ -166,3 +166,48 @@ def test_port_open_on_a_closed_port_is_false():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, not listening: refuses connections
         assert process.port_open("127.0.0.1", port, timeout_s=0.2) is False
+
+
+LISTENER = [sys.executable, "-c",
+            "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])));"
+            " s.listen(); time.sleep(120)"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _listen(home, name, port):
+    record = process.start(home, name, [*LISTENER, str(port)])
+    deadline = time.monotonic() + 10
+    while not process.port_open("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return record
+
+
+def test_port_owner_names_the_state_dir_that_started_the_listener(home):
+    port = _free_port()
+    record = _listen(home, "listener", port)
+
+    owner = process.port_owner(port)
+
+    assert owner == process.PortOwner(record.pid, home)
+    assert str(home) in owner.describe()
+    assert process.port_owner(_free_port()) is None
+
+
+def test_airflow_of_another_state_dir_is_not_reused(home, tmp_path):
+    from keyshift.settings import Settings
+    from keyshift.stack import airflow
+
+    port = _free_port()
+    _listen(home, "airflow-lookalike", port)  # "another checkout's" stack listens on the port
+    mine = Settings(home=tmp_path / "mine", airflow_port=port)
+
+    with pytest.raises(StackError, match=f"belongs to another keyshift stack .*{home}"):
+        airflow.start(mine)
+    assert not process.is_running(mine.home, "airflow-api-server")
