@@ -69,9 +69,16 @@ def _task_report(api, run_id: str) -> str:
                 params={"full_content": "true"}, timeout=60,
             )
             content = log.json().get("content", []) if log.ok else [log.text]
-            events = [e.get("event", str(e)) if isinstance(e, dict) else str(e) for e in content]
-            lines.extend(f"    {event}" for event in events[-40:])
+            lines.extend(f"    {_log_line(entry)}" for entry in content[-40:])
     return "\n".join(lines)
+
+
+def _log_line(entry) -> str:
+    """One structured task-log entry as text, with the exception types and messages it carries."""
+    if not isinstance(entry, dict):
+        return str(entry)
+    errors = "; ".join(f"{e.get('exc_type')}: {e.get('exc_value')}" for e in entry.get("error_detail") or [])
+    return f"{entry.get('event', '')} {errors}".strip()
 
 
 @pytest.mark.integration
