@@ -25,8 +25,10 @@ class JobProgressTrigger(BaseTrigger):
     """Fire one event when a detached job ends: `succeeded`, `failed` or `error`.
 
     Every `poll_interval` seconds it reads the run record (`names.redis_run_key`) and the latest
-    progress (`names.redis_progress_key`, field `latest`), and logs the batch, the watermark and
-    the consumer lag (input topic end offsets − the job's offsets, per partition and in total).
+    progress (`names.redis_progress_key`, field `latest`); on each new batch, and at least every
+    `REPORT_EVERY_S` seconds, it logs the batch, the watermark and the consumer lag (input topic
+    end offsets − the job's offsets, per partition and in total). Whether the driver process still
+    runs is read from its pid file (`launch.record_alive`, off the event loop).
 
     Outcomes (the event payload's `status`):
       - `succeeded`: the job recorded `state=succeeded` (a bounded run drained) or `stopped` (a
@@ -44,6 +46,9 @@ class JobProgressTrigger(BaseTrigger):
         start_grace_s: seconds to wait for the run record to appear.
         redis_error_limit: consecutive Redis failures tolerated before giving up.
     """
+
+    REPORT_EVERY_S = 60.0
+    """Seconds between progress lines while no new batch completes."""
 
     def __init__(
         self,
@@ -100,6 +105,7 @@ class JobProgressTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll until the job ends, logging progress and lag; yield one event, then return."""
         import redis.asyncio as aioredis
+        from asgiref.sync import sync_to_async
         from redis.exceptions import RedisError
 
         from keyshift.orchestration.launch import record_alive
@@ -110,6 +116,7 @@ class JobProgressTrigger(BaseTrigger):
         started = time.monotonic()
         redis_errors = 0
         last_batch: dict[str, Any] = {}
+        last_latest, last_report = None, 0.0
         self.log.info("Watching run %s (record %s) every %.1f s", self.run_id, run_key, self.poll_interval)
         try:
             while True:
@@ -133,9 +140,10 @@ class JobProgressTrigger(BaseTrigger):
                         return
                     self.log.info("No run record for %s yet (%.0f s)", self.run_id, waited)
                 else:
-                    if latest:
+                    if latest and (latest != last_latest or time.monotonic() - last_report >= self.REPORT_EVERY_S):
                         last_batch = await self._report(settings, latest)
-                    outcome = self._outcome(record, record_alive(settings, record))
+                        last_latest, last_report = latest, time.monotonic()
+                    outcome = self._outcome(record, await sync_to_async(record_alive)(settings, record))
                     if outcome is not None and outcome[0] == "failed" and record.get("state") != "failed":
                         # The driver is gone: the job may have written its final state as it exited.
                         record = await self._client.hgetall(run_key)
