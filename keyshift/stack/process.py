@@ -33,6 +33,9 @@ log = logging.getLogger("keyshift.stack.process")
 HOME_MARKER = "KEYSHIFT_STACK_HOME"
 """Environment variable set in every process keyshift starts: the state directory that started it."""
 
+LOG_ROTATE_BYTES = 50 * 1024 * 1024
+"""A log larger than this (50 MiB) is moved to `<name>.log.1` when its process starts again."""
+
 _CREATE_TIME_TOLERANCE_S = 0.05
 """psutil reports creation times rounded to clock ticks; two reads of one process agree within this."""
 
@@ -147,8 +150,8 @@ def start(
     """Start `argv` detached from this process, logging to `<home>/logs/<name>.log`.
 
     The process gets its own session (it outlives the `keyshift` command that started it), no
-    standard input, and stdout and stderr appended to its log file. Its pid file is written
-    before this returns.
+    standard input, and stdout and stderr appended to its log file (a log over 50 MiB is first
+    moved to `<name>.log.1`). Its pid file is written before this returns.
 
     Args:
         home: the state directory.
@@ -171,6 +174,8 @@ def start(
     env[HOME_MARKER] = str(home)
     log_path = log_file(home, name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if log_path.exists() and log_path.stat().st_size > LOG_ROTATE_BYTES:
+        log_path.replace(log_path.with_suffix(".log.1"))  # keep one previous log
     with log_path.open("ab") as out:
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         out.write(f"\n==== keyshift starting {name} at {stamp}: {' '.join(argv)}\n".encode())

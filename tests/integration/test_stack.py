@@ -138,8 +138,8 @@ def test_status_command_prints_each_state_and_address(running, settings):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     up = ("healthy", "external")
-    for name, address in (("kafka", "127.0.0.1:9092"), ("redis", "redis://127.0.0.1:6379/0"),
-                          ("airflow", "http://127.0.0.1:8080")):
+    for name, address in (("kafka", settings.bootstrap_servers), ("redis", settings.redis_url),
+                          ("airflow", airflow.base_url(settings))):
         assert any(line.split()[:3] in ([name, state, address] for state in up) for line in lines), name
     assert "airflow-scheduler" in result.output
 

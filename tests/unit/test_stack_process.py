@@ -211,3 +211,15 @@ def test_airflow_of_another_state_dir_is_not_reused(home, tmp_path):
     with pytest.raises(StackError, match=f"belongs to another keyshift stack .*{home}"):
         airflow.start(mine)
     assert not process.is_running(mine.home, "airflow-api-server")
+
+
+def test_a_large_log_is_rotated_on_start(home, monkeypatch):
+    monkeypatch.setattr(process, "LOG_ROTATE_BYTES", 10)
+    log_path = process.log_file(home, "quick")
+    log_path.parent.mkdir(parents=True)
+    log_path.write_text("an old run's long log\n")
+
+    process.start(home, "quick", [sys.executable, "-c", "pass"])
+
+    assert log_path.with_suffix(".log.1").read_text() == "an old run's long log\n"
+    assert "an old run" not in log_path.read_text()
