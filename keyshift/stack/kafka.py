@@ -41,8 +41,11 @@ KAFKA_VERSION = "4.3.0"
 NAME = "kafka"
 """The process name of the broker (pid file `run/kafka.pid`, log `logs/kafka.log`)."""
 NODE_ID = 1
+"""The single node's id, as broker and as controller."""
 POM = PROJECT_ROOT / "infra" / "kafka" / "pom.xml"
+"""The Maven project that names the broker's runtime jars."""
 LOG4J2_CONFIG = PROJECT_ROOT / "infra" / "kafka" / "log4j2.properties"
+"""The broker's logging configuration: everything to stdout, i.e. to `logs/kafka.log`."""
 HEAP = "1g"
 """Maximum broker heap (-Xmx); plenty for a development broker, small beside Spark."""
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from keyshift.errors import StackError
 from keyshift.settings import Settings
@@ -26,6 +27,9 @@ from keyshift.stack.service import (
     ProcessState,
     ServiceStatus,
 )
+
+if TYPE_CHECKING:
+    import redis as redis_py
 
 log = logging.getLogger("keyshift.stack.redis")
 
@@ -111,7 +115,7 @@ def _apt_install(package: str) -> None:
         subprocess.run(["service", "redis-server", "stop"], capture_output=True, check=False)
 
 
-def client(settings: Settings, *, timeout_s: float = 2.0):
+def client(settings: Settings, *, timeout_s: float = 2.0) -> redis_py.Redis:
     """A redis-py client for probes: database 0, socket timeouts of `timeout_s` s, no retries."""
     import redis
     from redis.backoff import NoBackoff

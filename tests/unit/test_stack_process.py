@@ -56,7 +56,7 @@ def test_stop_ends_the_process_and_removes_the_pid_file(home):
 def test_stop_ends_the_children_too(home):
     # a shell that forks a grandchild, like Airflow's scheduler forking executor workers
     record = process.start(home, "forker", ["/bin/sh", "-c", "sleep 120 & wait"])
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not psutil.Process(record.pid).children():
         time.sleep(0.05)
     child = psutil.Process(record.pid).children()[0]
