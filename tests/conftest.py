@@ -1,4 +1,8 @@
-"""Shared fixtures: one local SparkSession per test session (real Spark, local[2])."""
+"""Shared fixtures: one local SparkSession per test session (real Spark, local[2]).
+
+There can be only one SparkContext per process, so unit and integration tests share this one;
+it carries the Kafka connector jars (fetched by `make setup` / `keyshift stack fetch`).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,20 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """A real local SparkSession configured like a keyshift job (no connector jars)."""
+def settings():
+    """The default settings: the local stack that `keyshift stack up` starts."""
+    from keyshift.settings import Settings
+
+    return Settings()
+
+
+@pytest.fixture(scope="session")
+def spark(settings):
+    """A real local SparkSession configured like a keyshift job, with the Kafka connector."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from keyshift.processing.session import build_spark_session, spark_conf
+    from keyshift.stack.spark import connector_jars
 
-    session = build_spark_session("keyshift-tests", "local[2]", spark_conf(4, driver_memory="2g"))
+    session = build_spark_session("keyshift-tests", "local[2]", spark_conf(4, jars=connector_jars(settings), driver_memory="3g"))
     yield session
     session.stop()
