@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import queue as queue_module
+import subprocess
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -285,10 +287,10 @@ def split_partitions(counts: np.ndarray, workers: int) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class _Job:
-    """One worker's part of a replay (picklable: sent to spawned processes)."""
+    """One worker's part of a replay; travels to a worker process as JSON."""
 
     kafka: dict[str, object]
-    path: Path
+    path: str
     topic: str
     limit: int | None
     slot_by_key: dict[str, int]
@@ -296,6 +298,17 @@ class _Job:
     mine: tuple[int, ...]
     rate: float | None
     producer_config: dict[str, object] = field(default_factory=lambda: dict(PRODUCER_CONFIG))
+
+    def to_json(self) -> str:
+        """The job as one JSON document."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> _Job:
+        """The job from `to_json`'s output."""
+        fields = json.loads(text)
+        fields["mine"] = tuple(fields["mine"])
+        return cls(**fields)
 
 
 def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
@@ -311,7 +324,7 @@ def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
     sent = np.zeros(job.partitions, dtype=np.int64)
     send, topic = producer.send, job.topic
     try:
-        for first, batch in iter_flight_batches(job.path, job.limit):
+        for first, batch in iter_flight_batches(Path(job.path), job.limit):
             origins = pc.dictionary_encode(batch.column("origin"))
             keys = origins.dictionary.to_pylist()
             codes = origins.indices.to_numpy()
@@ -339,55 +352,85 @@ def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
     return {p: int(sent[p]) for p in job.mine}
 
 
-def _worker_main(job: _Job, messages) -> None:
-    """Entry point of a spawned replay worker: report progress, then its counts or its error."""
+def _worker_main() -> None:
+    """Worker process (`python -m keyshift.data.replay`): job JSON on stdin, reports on stdout.
+
+    Protocol, one line each: `progress <events>` now and then, then `done <JSON counts>`; on
+    failure `error <message>` and exit status 1 (the traceback goes to stderr).
+    """
+    out = sys.stdout
     pending = 0
 
     def report(n: int) -> None:
         nonlocal pending
         pending += n
         if pending >= 65_536:
-            messages.put(("progress", pending))
+            out.write(f"progress {pending}\n")
+            out.flush()
             pending = 0
 
     try:
-        counts = _produce(job, report)
-        messages.put(("progress", pending))
-        messages.put(("done", counts))
-    except BaseException as exc:  # noqa: BLE001 - the parent re-raises it
-        messages.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        counts = _produce(_Job.from_json(sys.stdin.read()), report)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
+        traceback.print_exc()
+        out.write("error " + f"{type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
+        out.flush()
+        sys.exit(1)
+    out.write(f"progress {pending}\ndone {json.dumps(counts)}\n")
+    out.flush()
 
 
 def _run_workers(jobs: list[_Job], bar: tqdm) -> dict[int, int]:
-    """Run one spawned process per job; return merged per-partition counts, or raise the first error."""
-    context = multiprocessing.get_context("spawn")
-    messages = context.Queue()
-    processes = [context.Process(target=_worker_main, args=(job, messages), name=f"keyshift-replay-{i}") for i, job in enumerate(jobs)]
-    for process in processes:
-        process.start()
+    """Run one worker process per job; return merged per-partition counts, or raise the first error.
+
+    Workers are started as `python -m keyshift.data.replay` with this interpreter, so they do not
+    depend on how the caller was started (no re-import of the caller's `__main__`).
+    """
+    lines: queue_module.Queue[tuple[int, str | None]] = queue_module.Queue()
+    processes = []
+    for index, job in enumerate(jobs):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keyshift.data.replay"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        processes.append(process)
+        threading.Thread(target=_pump, args=(index, process, job, lines), daemon=True).start()
     counts: dict[int, int] = {}
-    done = 0
+    finished = 0
     try:
-        while done < len(processes):
-            try:
-                kind, payload = messages.get(timeout=1.0)
-            except queue_module.Empty:
-                if any(p.exitcode not in (None, 0) for p in processes):
-                    raise StackError("a replay worker died without reporting; see its log above") from None
-                continue
-            if kind == "progress":
-                bar.update(payload)
-            elif kind == "done":
-                counts.update(payload)
-                done += 1
-            else:
-                raise StackError(f"a replay worker failed: {payload}")
+        while finished < len(processes):
+            index, line = lines.get()
+            if line is None:
+                if processes[index].wait() != 0:
+                    raise StackError(f"replay worker {index} exited with status {processes[index].returncode}")
+                finished += 1
+            elif line.startswith("progress "):
+                bar.update(int(line.split()[1]))
+            elif line.startswith("done "):
+                counts.update({int(p): c for p, c in json.loads(line[5:]).items()})
+            elif line.startswith("error "):
+                raise StackError(f"replay worker {index} failed: {line[6:].strip()}")
     finally:
         for process in processes:
-            if process.is_alive() and done < len(processes):
+            if process.poll() is None and finished < len(processes):
                 process.terminate()
-            process.join(timeout=30)
+            process.wait(timeout=60)
     return counts
+
+
+def _pump(index: int, process: subprocess.Popen, job: _Job, lines: queue_module.Queue) -> None:
+    """Feed a worker its job, then forward its stdout lines; `None` marks its end."""
+    try:
+        process.stdin.write(job.to_json())
+        process.stdin.close()
+        for line in process.stdout:
+            lines.put((index, line))
+    except (OSError, ValueError):
+        pass
+    finally:
+        lines.put((index, None))
 
 
 def _redis(settings: Settings) -> redis.Redis:
@@ -491,7 +534,7 @@ def replay_flights(
     jobs = [
         _Job(
             kafka=kafka,
-            path=path,
+            path=str(path),
             topic=topic,
             limit=limit,
             slot_by_key=slot_by_key,
@@ -561,3 +604,7 @@ def replay_flights(
         f"{result.events_produced:,}", topic, seconds, f"{result.events_per_s:,.0f}", result.workers,
     )
     return result
+
+
+if __name__ == "__main__":
+    _worker_main()
