@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
+from keyshift.cli.topics import quiet_kafka_logs
 from keyshift.data.replay import replay_flights
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.strategies import STRATEGY_NAMES
@@ -15,7 +14,7 @@ from keyshift.settings import Settings
 @click.group(name="replay")
 def command() -> None:
     """Replay real data sets into Kafka, placed by a keyshift strategy."""
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_kafka_logs()
 
 
 @command.command()

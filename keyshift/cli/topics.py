@@ -12,10 +12,16 @@ from keyshift.placement.strategies import STRATEGY_NAMES, strategy_by_name
 from keyshift.settings import Settings
 
 
+def quiet_kafka_logs() -> None:
+    """Silence kafka-python's own log lines unless -v: every failure surfaces as a keyshift error."""
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
 @click.group(name="topics")
 def command() -> None:
     """Create and describe Kafka topics on the local broker."""
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_kafka_logs()
 
 
 _CREATE_HELP = f"""Create topics NAMES with P partitions; idempotent.
