@@ -34,7 +34,9 @@ def command() -> None:
     metavar="EVENTS_PER_S",
     help="Average produce rate in events/s (token bucket).",
 )
-@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default="hash", help="Placement strategy: key -> partition.")
+@click.option(
+    "--strategy", type=click.Choice(STRATEGY_NAMES), default="hash", help="Placement strategy: key -> partition."
+)
 @click.option(
     "--partitions",
     type=click.IntRange(min=1),

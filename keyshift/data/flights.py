@@ -213,7 +213,9 @@ def _extract_member(tarball: Path, member: str, directory: Path) -> Path:
                 source = None
             if source is None:
                 raise DataError(f"{tarball.name} has no file {member}")
-            handle = tempfile.NamedTemporaryFile(dir=directory, prefix=f".{Path(member).name}.", suffix=".part", delete=False)
+            handle = tempfile.NamedTemporaryFile(
+                dir=directory, prefix=f".{Path(member).name}.", suffix=".part", delete=False
+            )
             with source, handle:
                 shutil.copyfileobj(source, handle, _CHUNK)
                 handle.flush()

@@ -438,7 +438,9 @@ def _redis(settings: Settings) -> redis.Redis:
     try:
         client.ping()
     except redis.RedisError as exc:
-        raise StackError(f"Redis does not answer at {settings.redis_url} ({exc}); start the stack with `keyshift stack up`") from exc
+        raise StackError(
+            f"Redis does not answer at {settings.redis_url} ({exc}); start the stack with `keyshift stack up`"
+        ) from exc
     return client
 
 
@@ -552,14 +554,17 @@ def replay_flights(
     )
     started_at = datetime.now(UTC)
     started = time.perf_counter()
-    with tqdm(total=total, unit="ev", unit_scale=True, desc=f"replay {topic}", disable=not progress, mininterval=0.5) as bar:
+    bar = tqdm(total=total, unit="ev", unit_scale=True, desc=f"replay {topic}", disable=not progress, mininterval=0.5)
+    with bar:
         try:
             if len(jobs) == 1:
                 sent = _produce(jobs[0], bar.update)
             else:
                 sent = _run_workers(jobs, bar)
         except KafkaError as exc:
-            raise StackError(f"Kafka failed while replaying to {topic!r} at {settings.bootstrap_servers}: {exc}") from exc
+            raise StackError(
+                f"Kafka failed while replaying to {topic!r} at {settings.bootstrap_servers}: {exc}"
+            ) from exc
     seconds = time.perf_counter() - started
     after = end_offsets(settings, topic)
     per_partition = {p: int(sent.get(p, 0)) for p in range(info.partitions)}

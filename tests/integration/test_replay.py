@@ -65,7 +65,9 @@ def consume_all(settings: Settings, topic: str) -> list[tuple[int, int, bytes, d
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_replayed_flights_land_on_their_hash_slot_in_event_time_order(settings: Settings, topic: str, workers: int) -> None:
+def test_replayed_flights_land_on_their_hash_slot_in_event_time_order(
+    settings: Settings, topic: str, workers: int
+) -> None:
     result = replay_flights(settings, topic, limit=EVENTS, progress=False, workers=workers)
     assert result.events_produced == EVENTS
     assert result.partitions == PARTITIONS

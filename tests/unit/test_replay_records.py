@@ -10,18 +10,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tqdm import tqdm
 
 from keyshift.data.replay import (
     RECORD_FIELDS,
     TokenBucket,
+    _Job,
+    _run_workers,
     encode_values,
     event_time_ms,
     iter_flight_batches,
     plan_slots,
+    replay_flights,
     split_partitions,
 )
-from keyshift.errors import ConfigurationError, DataError
+from keyshift.errors import ConfigurationError, DataError, StackError
 from keyshift.placement.strategies import HashStrategy
+from keyshift.settings import Settings
 
 
 def flights_table(rows: list[tuple[datetime, int, int, str, str]]) -> pa.Table:
@@ -127,7 +132,13 @@ def small_file(tmp_path: Path) -> Path:
     rng = np.random.default_rng(3)
     airports = ["ORD", "ATL", "DFW", "LAX", "SEA"]
     rows = [
-        (datetime(2001, 1, 1, i // 60, i % 60), int(rng.integers(-30, 90)), 100 + i, airports[i % 5], airports[(i + 1) % 5])
+        (
+            datetime(2001, 1, 1, i // 60, i % 60),
+            int(rng.integers(-30, 90)),
+            100 + i,
+            airports[i % 5],
+            airports[(i + 1) % 5],
+        )
         for i in range(1000)
     ]
     path = tmp_path / "flights.parquet"
@@ -240,3 +251,48 @@ def test_token_bucket_holds_the_rate(rate: float, burst: float, takes: list[int]
 def test_token_bucket_refuses(rate: float, burst: float | None) -> None:
     with pytest.raises(ConfigurationError):
         TokenBucket(rate, burst=burst)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"limit": -1}, "limit must be an int >= 0"),  # negative count of events
+        ({"limit": True}, "limit must be an int >= 0"),  # bool is not a count
+        ({"rate": 0}, "rate must be > 0 events/s"),  # zero rate would never finish
+        ({"rate": -10.0}, "rate must be > 0 events/s"),
+        ({"workers": 0}, "workers must be an int >= 1"),
+    ],
+)
+def test_replay_refuses_bad_arguments_before_touching_anything(tmp_path: Path, options: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        replay_flights(Settings(home=tmp_path, kafka_port=1, redis_port=1), "flights", **options)
+
+
+def test_job_travels_as_json() -> None:
+    job = _Job(
+        kafka={"bootstrap_servers": "127.0.0.1:9092", "client_id": "x", "bootstrap_timeout_ms": 10},
+        path="/tmp/flights.parquet",
+        topic="flights",
+        limit=None,
+        slot_by_key={"ORD": 3, "Zürich": 1},
+        partitions=8,
+        mine=(1, 3),
+        rate=12.5,
+    )
+    assert _Job.from_json(job.to_json()) == job
+
+
+def test_a_failing_worker_process_fails_the_replay(small_file: Path) -> None:
+    job = _Job(
+        kafka={"bootstrap_servers": "127.0.0.1:1", "client_id": "keyshift-test", "bootstrap_timeout_ms": 200},
+        path=str(small_file),
+        topic="flights",
+        limit=10,
+        slot_by_key={},
+        partitions=8,
+        mine=(0,),
+        rate=None,
+    )
+    expected = "replay worker 0 failed: StackError: cannot start a Kafka producer"
+    with tqdm(disable=True) as bar, pytest.raises(StackError, match=expected):
+        _run_workers([job], bar)
