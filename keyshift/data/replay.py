@@ -589,6 +589,7 @@ def replay_flights(
         redis_replay_key(topic),
         mapping={
             "events_produced": result.events_produced,
+            "start_offsets": json.dumps(before),
             "end_offsets": json.dumps(result.end_offsets),
             "per_partition": json.dumps(result.per_partition),
             "finished_at": datetime.now(UTC).isoformat(),
