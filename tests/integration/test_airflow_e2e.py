@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from keyshift import names
 from keyshift.orchestration import pipeline
@@ -100,7 +101,10 @@ def test_bounded_run_through_airflow_reconciles(api, settings):
     deadline = time.monotonic() + RUN_TIMEOUT_S
     state = None
     while time.monotonic() < deadline:
-        state = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", timeout=30).json()["state"]
+        try:  # the API server may restart under us (`keyshift stack up` of another checkout, ...)
+            state = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}", timeout=30).json()["state"]
+        except requests.ConnectionError as exc:
+            print(f"Airflow API not answering, retrying: {exc}")
         if state in ("success", "failed"):
             break
         time.sleep(5)
