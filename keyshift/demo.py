@@ -23,7 +23,7 @@ def run_demo(
     strategy: str = "hash",
     limit: int | None = None,
     rate: float | None = None,
-    bound_ms: int = 3_600_000,
+    bound_ms: int = 86_400_000,
     max_offsets_per_trigger: int = 250_000,
     builtin: bool = True,
 ) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def run_demo(
     """
     from keyshift.data.replay import replay_flights
     from keyshift.processing.builtin import compare_windows, run_builtin_windows
-    from keyshift.processing.driver import END_OF_INPUT_EVENT_TIME_MS, read_kafka, run_flight_delays, starting_offsets
+    from keyshift.processing.driver import END_OF_INPUT_EVENT_TIME_MS, read_kafka, run_flight_delays
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.processing.session import build_spark_session, spark_conf
     from keyshift.runs import RunRecorder
@@ -66,10 +66,12 @@ def run_demo(
     summary = run_flight_delays(settings, config, starting="replay", spark=spark)
     if builtin:
         recorder = RunRecorder(settings, run_id)
-        start = starting_offsets(settings, recorder, FLIGHTS_TOPIC, "replay")
+        start = summary["start_offsets"]
+        start = start if isinstance(start, str) else {int(p): o for p, o in start.items()}
         source = read_kafka(spark, settings, FLIGHTS_TOPIC, start, max_offsets_per_trigger)
         log.info("demo %s: running Spark's built-in window aggregation on the same records", run_id)
-        result = run_builtin_windows(source, recorder.run_dir / "builtin_windows", run_id, bound_ms, END_OF_INPUT_EVENT_TIME_MS)
+        end = {int(p): o for p, o in summary["end_offsets"].items()}
+        result = run_builtin_windows(source, recorder.run_dir / "builtin_windows", run_id, bound_ms, END_OF_INPUT_EVENT_TIME_MS, end)
         result["comparison"] = compare_windows(recorder.run_dir / "windows", recorder.run_dir / "builtin_windows")
         result["throughput_ratio"] = (
             round(summary["events_per_second"] / result["events_per_second"], 3) if result["events_per_second"] else None

@@ -21,6 +21,9 @@ def cli(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:  # py4j logs every JVM call at INFO; kafka-python every reconnect
+        for noisy in ("py4j", "kafka"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _register() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +22,32 @@ from pyspark.sql import functions as F
 
 from keyshift.errors import JobError
 from keyshift.eventtime.windows import HOUR_MS
+from keyshift.processing.flight_delays import run_records
 from keyshift.processing.records import parse_flight_records
 from keyshift.processing.sinks import WINDOW_COLUMNS
 
 log = logging.getLogger(__name__)
 
 
-def builtin_window_stream(kafka_rows: DataFrame, marker_run_id: str, bound_ms: int, window_ms: int = HOUR_MS) -> DataFrame:
+def builtin_window_stream(
+    kafka_rows: DataFrame, marker_run_id: str, bound_ms: int, end_offsets: dict[int, int] | None = None, window_ms: int = HOUR_MS
+) -> DataFrame:
     """Hourly windows per origin by Spark's built-in aggregation (append mode).
 
     Args:
         kafka_rows: Kafka source rows of the flights topic.
         marker_run_id: the run whose end-of-input markers close the last windows.
         bound_ms: watermark bound in ms of event time. window_ms: window size in ms.
+        end_offsets: read only records before these offsets (the compared run's input).
 
     Returns:
         A streaming DataFrame with origin, window_start, window_end (timestamps), count,
         sum_delay_min, max_delay_min; dead letters are excluded.
     """
-    parsed = parse_flight_records(kafka_rows)
-    kept = parsed.where(
-        (F.col("dead_letter_reason").isNull() & ~F.col("is_control"))
-        | (F.col("is_control") & (F.col("control_run_id") == F.lit(marker_run_id)))
-    ).withColumn("event_ts", F.timestamp_millis("event_time_ms"))
+    parsed = run_records(parse_flight_records(kafka_rows), marker_run_id, end_offsets)
+    kept = parsed.where(F.col("dead_letter_reason").isNull() | F.col("is_control")).withColumn(
+        "event_ts", F.timestamp_millis("event_time_ms")
+    )
     events = kept.withWatermark("event_ts", f"{bound_ms} milliseconds").where(
         ~(F.col("is_control") & F.col("event_ts").isNotNull())
     )
@@ -71,6 +75,7 @@ def run_builtin_windows(
     marker_run_id: str,
     bound_ms: int,
     marker_end_ms: int,
+    end_offsets: dict[int, int] | None = None,
     idle_timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     """Run the built-in aggregation until the end-of-input watermark has closed every window.
@@ -80,6 +85,7 @@ def run_builtin_windows(
         out_dir: windows are written here as Parquet, one file per batch.
         marker_run_id: whose end-of-input markers end the input (they must already be in Kafka).
         bound_ms: watermark bound (ms). marker_end_ms: the markers' event time (ms).
+        end_offsets: the compared run's end offsets (records past them are ignored).
 
     Returns:
         {"events": events aggregated, "windows": n, "wall_seconds": s, "events_per_second": r,
@@ -100,7 +106,7 @@ def run_builtin_windows(
 
     started = time.monotonic()
     query = (
-        builtin_window_stream(kafka_rows, marker_run_id, bound_ms)
+        builtin_window_stream(kafka_rows, marker_run_id, bound_ms, end_offsets)
         .writeStream.outputMode("append")
         .foreachBatch(write)
         .option("checkpointLocation", str(out_dir.parent / "builtin_checkpoint"))
@@ -121,7 +127,7 @@ def run_builtin_windows(
                 batches += 1
                 last_batch_at = time.monotonic()
                 watermark = record.get("eventTime", {}).get("watermark")
-                if watermark and pd.Timestamp(watermark).value // 1_000_000 >= final_watermark_ms:
+                if watermark and _iso_to_ms(watermark) >= final_watermark_ms:
                     done = True  # the batch that ran at the final watermark has emitted every window
             if done:
                 break
@@ -139,6 +145,11 @@ def run_builtin_windows(
         "events_per_second": round(totals["events"] / wall, 1) if wall > 0 else None,
         "windows_path": str(out_dir),
     }
+
+
+def _iso_to_ms(text: str) -> int:
+    """Epoch ms of an ISO-8601 UTC time as Spark reports it (years up to 9999)."""
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def compare_windows(ours_dir: Path, builtin_dir: Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,9 @@ def _kafka_offsets(settings: Settings, topic: str) -> tuple[dict[int, int], dict
         consumer.close()
 
 
-def starting_offsets(settings: Settings, recorder: RunRecorder, topic: str, mode: str) -> dict[int, int] | str:
+def starting_offsets(replay: dict[str, str], topic: str, mode: str) -> dict[int, int] | str:
     """Where a run starts reading: `earliest`, `latest`, or `replay`: the offsets at which the
-    last recorded replay into `topic` began (so a bounded run reads exactly that replay's
+    replay recorded in `replay` (the topic's Redis replay record) began (so a bounded run reads exactly that replay's
     events even if the topic holds earlier ones), falling back to `earliest`.
 
     Returns:
@@ -121,9 +122,8 @@ def starting_offsets(settings: Settings, recorder: RunRecorder, topic: str, mode
     """
     if mode != "replay":
         return mode
-    record = recorder.replay_record(topic)
-    if record.get("start_offsets"):
-        return {int(p): int(o) for p, o in json.loads(record["start_offsets"]).items()}
+    if replay.get("start_offsets"):
+        return {int(p): int(o) for p, o in json.loads(replay["start_offsets"]).items()}
     log.info("no replay record for %s: starting at the earliest offsets", topic)
     return "earliest"
 
@@ -203,8 +203,11 @@ def run_flight_delays(
     stop_requested = threading.Event()
     previous_handlers = _install_stop_handlers(stop_requested)
     try:
-        start = starting_offsets(settings, recorder, config.topic, starting)
+        replay = recorder.replay_record(config.topic)  # read now: a later replay overwrites it
+        start = starting_offsets(replay, config.topic, starting)
         target = _wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s) if config.limit else None
+        if target is not None:
+            config = replace(config, end_offsets=target)
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
@@ -232,7 +235,8 @@ def run_flight_delays(
             sampler.stop()
             producer.close()
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
-        summary = build_summary(config, recorder, sink, watch, wall_seconds, sampler)
+        summary = build_summary(config, replay, sink, watch, wall_seconds, sampler)
+        summary["start_offsets"] = start if isinstance(start, str) else {str(p): o for p, o in sorted(start.items())}
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
@@ -302,10 +306,12 @@ def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settin
         time.sleep(0.5)
 
 
-def build_summary(config: FlightDelayJobConfig, recorder: RunRecorder, sink: FlightDelaySink, watch: dict[str, Any], wall_seconds: float, sampler: PeakMemorySampler) -> dict[str, Any]:
-    """The run's summary: counts (events), balance, speed (events/s) and memory (bytes)."""
+def build_summary(config: FlightDelayJobConfig, replay: dict[str, str], sink: FlightDelaySink, watch: dict[str, Any], wall_seconds: float, sampler: PeakMemorySampler) -> dict[str, Any]:
+    """The run's summary: counts (events), balance, speed (events/s) and memory (bytes).
+
+    `replay` is the topic's replay record as read when the run started (its events_produced).
+    """
     counters = sink.counters
-    replay = recorder.replay_record(config.topic)
     events_read = counters.processed_events
     return {
         "run_id": config.run_id,
@@ -333,6 +339,7 @@ def build_summary(config: FlightDelayJobConfig, recorder: RunRecorder, sink: Fli
         "driver_peak_rss_bytes": sampler.peak_rss_bytes,
         "python_workers_peak_rss_bytes": sampler.peak_children_rss_bytes,
         "windows_path": str(sink.windows_dir),
+        "end_offsets": {str(p): o for p, o in sorted((config.end_offsets or {}).items())} or None,
     }
 
 

@@ -41,6 +41,9 @@ class FlightDelayJobConfig:
         limit: bounded run: wait for at least this many records in the topic, drain, flush the
             last windows, stop. None: run until stopped.
         idle_timeout_s: a bounded run fails when no batch completes for this long (seconds).
+        end_offsets: a bounded run's end, partition -> offset (exclusive), set by the driver
+            once the input is there: records at or past it belong to someone else's later
+            replay and are ignored, so a run reads exactly [start, end) plus its own markers.
     """
 
     run_id: str
@@ -53,6 +56,28 @@ class FlightDelayJobConfig:
     max_offsets_per_trigger: int | None = 250_000
     limit: int | None = None
     idle_timeout_s: float = 300.0
+    end_offsets: dict[int, int] | None = None
+
+
+def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | None) -> DataFrame:
+    """Keep the records of one run: its events and its own end-of-input markers.
+
+    Args:
+        parsed: `parse_flight_records` output (needs kafka_partition, kafka_offset, is_control,
+            control_run_id).
+        run_id: markers of other runs (same topic, earlier or concurrent runs) are dropped, so
+            they cannot move this run's watermark.
+        end_offsets: partition -> first offset past the run's input; None keeps every event.
+
+    Returns:
+        `parsed` filtered; never counted as events read, since the filter precedes the processor.
+    """
+    own_marker = F.col("is_control") & (F.col("control_run_id") == F.lit(run_id))
+    if not end_offsets:
+        return parsed.where(~F.col("is_control") | own_marker)
+    limit = F.create_map(*[F.lit(v) for p, o in sorted(end_offsets.items()) for v in (int(p), int(o))])
+    in_range = F.col("kafka_offset") < F.coalesce(F.element_at(limit, F.col("kafka_partition")), F.lit(0).cast("long"))
+    return parsed.where(own_marker | (~F.col("is_control") & in_range))
 
 
 def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> DataFrame:
@@ -69,9 +94,7 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> 
     decides lateness per event (window end <= watermark) and sends late events to a side output,
     so Spark must not filter them out silently first.
     """
-    parsed = parse_flight_records(kafka_rows)
-    # Another run's end-of-input markers (same topic, earlier run) must not move our watermark.
-    own = parsed.where(~F.col("is_control") | (F.col("control_run_id") == F.lit(config.run_id)))
+    own = run_records(parse_flight_records(kafka_rows), config.run_id, config.end_offsets)
     timed = own.withColumn(
         EVENT_TIME_COLUMN,
         F.when(

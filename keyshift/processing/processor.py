@@ -215,12 +215,14 @@ class FlightDelayProcessor(StatefulProcessor):
             if existing is not None:
                 new = merge_partials(*(np.concatenate([np.asarray(old, np.int64), fresh]) for old, fresh in zip(existing, new)))
             self._pending.updateValue((origin,), tuple(array.tolist() for array in new))
+        registered = set(self._handle.listTimers())  # one state call per slot and batch
         for end in np.unique(partials["start"].to_numpy(np.int64)) + self._window_ms:
             # fires once the watermark passes end - 1, i.e. reaches end; a timer at or below the
             # current watermark cannot be registered, so the one window ending at watermark + 1
             # gets `end` (it then closes with the next watermark step past its end)
-            expiry = int(end) - 1
-            self._handle.registerTimer(expiry if expiry > watermark_ms else int(end))
+            expiry = int(end) - 1 if int(end) - 1 > watermark_ms else int(end)
+            if expiry not in registered:
+                self._handle.registerTimer(expiry)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
