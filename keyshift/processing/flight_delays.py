@@ -1,7 +1,8 @@
 """The flight delay pipeline as a function from the Kafka source to the processor's output.
 
 source (Kafka rows) -> parse & validate -> event-time watermark -> drop end-of-input markers
--> slot token from the assignment -> groupBy(token).transformWithStateInPandas(FlightDelayProcessor)
+-> Local Merge: partials per (origin, window) and the slot token from the assignment (mapInPandas)
+-> groupBy(token).transformWithStateInPandas(FlightDelayProcessor)
 
 The result is a streaming DataFrame of `keyshift.processing.processor.OUTPUT_SCHEMA` rows that the
 sink (`keyshift.processing.sinks.FlightDelaySink`) splits into windows, alerts, late events, dead
@@ -17,8 +18,8 @@ from pyspark.sql import functions as F
 
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
-from keyshift.placement.spark_tokens import slot_token_column
 from keyshift.placement.tokens import slot_tokens
+from keyshift.processing.local_merge import INPUT_COLUMNS, PARTIAL_SCHEMA, local_merge_function
 from keyshift.processing.processor import OUTPUT_SCHEMA, FlightDelayProcessor
 from keyshift.processing.records import parse_flight_records
 
@@ -81,7 +82,7 @@ def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | No
 
 
 def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> DataFrame:
-    """Chain parse -> watermark -> slot token -> stateful processor over `kafka_rows`.
+    """Chain parse -> watermark -> Local Merge with slot tokens -> stateful processor.
 
     Args:
         kafka_rows: the Kafka source's rows (`key`, `value`, `partition`, `offset`), streaming.
@@ -109,10 +110,11 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> 
         .where(~(F.col("is_control") & F.col(EVENT_TIME_COLUMN).isNotNull()))
         .drop(EVENT_TIME_COLUMN, "is_control", "control_run_id")
     )
-    token = slot_token_column(F.col("origin"), F.col("kafka_partition"), config.strategy, config.partitions)
+    partials = events.select(*INPUT_COLUMNS).mapInPandas(
+        local_merge_function(config.strategy, config.partitions, config.window_ms), PARTIAL_SCHEMA
+    )
     return (
-        events.withColumn("token", token)
-        .groupBy("token")
+        partials.groupBy("token")
         .transformWithStateInPandas(
             statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms),
             outputStructType=OUTPUT_SCHEMA,

@@ -2,9 +2,10 @@
 
 It runs inside `groupBy("token").transformWithStateInPandas(...)`: Spark calls it once per slot
 token per micro-batch with all of that slot's rows (DESIGN.md: group by slot token, aggregate the
-batch vectorized, touch state per key per batch, never per event). Per key (origin) it keeps the
-pending, not yet final windows in a MapState keyed by the origin; one `getValue` and one
-`updateValue` per touched key per batch.
+batch vectorized, touch state per key per batch, never per event). Its input is partial
+aggregates per (origin, window) made before the shuffle (`keyshift.processing.local_merge`).
+Per key (origin) it keeps the pending, not yet final windows in a MapState keyed by the origin;
+one `getValue` and one `updateValue` per touched key per batch.
 
 Output rows are tagged by `kind`:
 - `window`: a final window [start, start + 1 h) of an origin, emitted once when the watermark
@@ -69,15 +70,10 @@ OUTPUT_SCHEMA = T.StructType(
 _OUTPUT_COLUMNS = [field.name for field in OUTPUT_SCHEMA.fields]
 
 PENDING_KEY_SCHEMA = T.StructType([T.StructField("origin", T.StringType(), False)])
-PENDING_VALUE_SCHEMA = T.StructType(
-    [
-        T.StructField("window_start_ms", T.ArrayType(T.LongType(), False), False),
-        T.StructField("count", T.ArrayType(T.LongType(), False), False),
-        T.StructField("sum_delay_min", T.ArrayType(T.LongType(), False), False),
-        T.StructField("max_delay_min", T.ArrayType(T.LongType(), False), False),
-    ]
-)
-"""MapState `pending_windows`: origin -> parallel arrays of its open windows' partial aggregates."""
+PENDING_VALUE_SCHEMA = T.StructType([T.StructField("partials", T.BinaryType(), False)])
+"""MapState `pending_windows`: origin -> its open windows' partial aggregates, packed by
+`pack_pending` (a 4 x n int64 array: window_start_ms, count, sum_delay_min, max_delay_min).
+One bytes value instead of four arrays: pyspark serializes array elements one by one in Python."""
 
 PENDING_STATE_NAME = "pending_windows"
 
@@ -93,6 +89,20 @@ def _frame(kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
     data = {name: columns.get(name, [None] * n) for name in _OUTPUT_COLUMNS}
     data["kind"] = [kind] * n
     return pd.DataFrame(data, columns=_OUTPUT_COLUMNS)
+
+
+def pack_pending(starts: np.ndarray, counts: np.ndarray, sums: np.ndarray, maxes: np.ndarray) -> bytes:
+    """Pack open windows into the MapState value: a C-order 4 x n int64 array's bytes."""
+    return np.stack([starts, counts, sums, maxes]).astype(np.int64).tobytes()
+
+
+def unpack_pending(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of `pack_pending`: (window_start_ms, count, sum_delay_min, max_delay_min) arrays.
+
+    Also what to apply to the state data source's `user_map_value.partials` to read the state.
+    """
+    rows = np.frombuffer(blob, dtype=np.int64).reshape(4, -1)
+    return rows[0], rows[1], rows[2], rows[3]
 
 
 def merge_partials(
@@ -137,92 +147,98 @@ class FlightDelayProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
-        """Fold one slot's batch into its keys' pending windows; emit late, dead, load rows."""
+        """Fold one slot's partials into its keys' pending windows; emit late, dead, load rows.
+
+        `rows` are `keyshift.processing.local_merge.PARTIAL_SCHEMA` chunks: partial aggregates
+        per (origin, window) and single dead letters.
+        """
         token = int(key[0])
         slot = self._slot_of_token.get(token, -1)
-        partition_id = _partition_id()
         watermark_ms = timerValues.getCurrentWatermarkInMs()
-        batch = pd.concat(list(rows), ignore_index=True)
-        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [len(batch)], "watermark_ms": [watermark_ms]})
-
-        rejected = batch["dead_letter_reason"].notna().to_numpy()
-        if rejected.any():
-            dead = batch[rejected]
-            yield _frame(
-                KIND_DEAD_LETTER,
-                len(dead),
-                {
-                    "slot": [slot] * len(dead),
-                    "dead_letter_reason": dead["dead_letter_reason"].tolist(),
-                    "raw_value": dead["raw_value"].tolist(),
-                    "kafka_partition": dead["kafka_partition"].tolist(),
-                    "kafka_offset": dead["kafka_offset"].tolist(),
-                },
-            )
-            batch = batch[~rejected]
-        if batch.empty:
+        processed = 0
+        origins, starts, counts, sums, maxes = [], [], [], [], []
+        for chunk in rows:
+            processed += int(chunk["count"].sum())
+            rejected = chunk["dead_letter_reason"].notna().to_numpy()
+            if rejected.any():
+                yield self._dead_letters(chunk[rejected], slot)
+                chunk = chunk[~rejected]
+            if chunk.empty:
+                continue
+            chunk_starts = chunk["window_start_ms"].to_numpy(np.int64)
+            late = chunk_starts + self._window_ms <= watermark_ms
+            if late.any():
+                yield self._late_events(chunk[late], slot, watermark_ms)
+                chunk, chunk_starts = chunk[~late], chunk_starts[~late]
+            origins.append(chunk["origin"].to_numpy(object))
+            starts.append(chunk_starts)
+            counts.append(chunk["count"].to_numpy(np.int64))
+            sums.append(chunk["sum_delay_min"].to_numpy(np.int64))
+            maxes.append(chunk["max_delay_min"].to_numpy(np.int64))
+        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [_partition_id()], "count": [processed], "watermark_ms": [watermark_ms]})
+        if not origins:
             return
 
-        event_times = batch["event_time_ms"].to_numpy(dtype=np.int64)
-        starts = window_starts_ms(event_times, self._window_ms)
-        late = starts + self._window_ms <= watermark_ms
-        if late.any():
-            late_rows = batch[late]
-            yield _frame(
-                KIND_LATE,
-                len(late_rows),
-                {
-                    "slot": [slot] * len(late_rows),
-                    "origin": late_rows["origin"].tolist(),
-                    "destination": late_rows["destination"].tolist(),
-                    "event_id": late_rows["event_id"].tolist(),
-                    "delay_min": late_rows["delay_min"].tolist(),
-                    "distance_mi": late_rows["distance_mi"].tolist(),
-                    "event_time_ms": late_rows["event_time_ms"].tolist(),
-                    "window_start_ms": starts[late].tolist(),
-                    "window_end_ms": (starts[late] + self._window_ms).tolist(),
-                    "watermark_ms": [watermark_ms] * len(late_rows),
-                    "kafka_partition": late_rows["kafka_partition"].tolist(),
-                    "kafka_offset": late_rows["kafka_offset"].tolist(),
-                },
-            )
-            batch = batch[~late]
-            starts = starts[~late]
-            if batch.empty:
-                return
-
-        # Vectorized batch aggregate per (origin, window start), then one state read/write per origin.
-        partials = (
-            pd.DataFrame(
-                {
-                    "origin": batch["origin"].to_numpy(),
-                    "start": starts,
-                    "delay": batch["delay_min"].to_numpy(dtype=np.int64),
-                }
-            )
-            .groupby(["origin", "start"], sort=True)["delay"]
-            .agg(["count", "sum", "max"])
-            .reset_index()
-        )
-        for origin, group in partials.groupby("origin", sort=False):
-            new = (
-                group["start"].to_numpy(np.int64),
-                group["count"].to_numpy(np.int64),
-                group["sum"].to_numpy(np.int64),
-                group["max"].to_numpy(np.int64),
-            )
+        # One state read and one write per origin touched in this batch.
+        all_origins = np.concatenate(origins)
+        all_starts, all_counts = np.concatenate(starts), np.concatenate(counts)
+        all_sums, all_maxes = np.concatenate(sums), np.concatenate(maxes)
+        order = np.argsort(all_origins, kind="stable")
+        sorted_origins = all_origins[order]
+        boundary = np.flatnonzero(sorted_origins[1:] != sorted_origins[:-1]) + 1
+        for group in np.split(order, boundary):
+            origin = all_origins[group[0]]
+            new = (all_starts[group], all_counts[group], all_sums[group], all_maxes[group])
             existing = self._pending.getValue((origin,))
             if existing is not None:
-                new = merge_partials(*(np.concatenate([np.asarray(old, np.int64), fresh]) for old, fresh in zip(existing, new)))
-            self._pending.updateValue((origin,), tuple(array.tolist() for array in new))
+                new = tuple(np.concatenate([old, fresh]) for old, fresh in zip(unpack_pending(existing[0]), new))
+            self._pending.updateValue((origin,), (pack_pending(*merge_partials(*new)),))
+
         registered = set(self._handle.listTimers())  # one state call per slot and batch
-        for end in np.unique(partials["start"].to_numpy(np.int64)) + self._window_ms:
+        for end in np.unique(all_starts) + self._window_ms:
             # fires once the watermark passes end - 1, i.e. reaches end; a timer at or below the
             # current watermark cannot be registered, so the one window ending at watermark + 1
             # gets `end` (it then closes with the next watermark step past its end)
             expiry = int(end) - 1 if int(end) - 1 > watermark_ms else int(end)
             if expiry not in registered:
                 self._handle.registerTimer(expiry)
+
+    def _dead_letters(self, dead: pd.DataFrame, slot: int) -> pd.DataFrame:
+        return _frame(
+            KIND_DEAD_LETTER,
+            len(dead),
+            {
+                "slot": [slot] * len(dead),
+                "dead_letter_reason": dead["dead_letter_reason"].tolist(),
+                "raw_value": dead["raw_value"].tolist(),
+                "kafka_partition": dead["kafka_partition"].tolist(),
+                "kafka_offset": [int(offsets[0]) for offsets in dead["kafka_offsets"]],
+            },
+        )
+
+    def _late_events(self, late: pd.DataFrame, slot: int, watermark_ms: int) -> pd.DataFrame:
+        """One output row per event of late partials (their window had closed)."""
+        repeats = late["count"].to_numpy(np.int64)
+        starts = np.repeat(late["window_start_ms"].to_numpy(np.int64), repeats)
+        n = len(starts)
+        return _frame(
+            KIND_LATE,
+            n,
+            {
+                "slot": [slot] * n,
+                "origin": np.repeat(late["origin"].to_numpy(object), repeats),
+                "destination": np.concatenate([np.asarray(v, dtype=object) for v in late["destinations"]]),
+                "event_id": np.concatenate([np.asarray(v, np.int64) for v in late["event_ids"]]),
+                "delay_min": np.concatenate([np.asarray(v, np.int64) for v in late["delays_min"]]),
+                "distance_mi": np.concatenate([np.asarray(v, np.int64) for v in late["distances_mi"]]),
+                "event_time_ms": np.concatenate([np.asarray(v, np.int64) for v in late["event_times_ms"]]),
+                "window_start_ms": starts,
+                "window_end_ms": starts + self._window_ms,
+                "watermark_ms": [watermark_ms] * n,
+                "kafka_partition": np.repeat(late["kafka_partition"].to_numpy(np.int64), repeats),
+                "kafka_offset": np.concatenate([np.asarray(v, np.int64) for v in late["kafka_offsets"]]),
+            },
+        )
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -236,8 +252,8 @@ class FlightDelayProcessor(StatefulProcessor):
         slot = self._slot_of_token.get(token, -1)
         partition_id = _partition_id()
         origins, starts_out, counts_out, sums_out, maxes_out = [], [], [], [], []
-        for (origin,), value in list(self._pending.iterator()):
-            starts, counts, sums, maxes = (np.asarray(array, np.int64) for array in value)
+        for (origin,), (blob,) in list(self._pending.iterator()):
+            starts, counts, sums, maxes = unpack_pending(blob)
             closed = starts + self._window_ms <= watermark_ms
             if not closed.any():
                 continue
@@ -250,9 +266,7 @@ class FlightDelayProcessor(StatefulProcessor):
                 self._pending.removeKey((origin,))
             else:
                 keep = ~closed
-                self._pending.updateValue(
-                    (origin,), (starts[keep].tolist(), counts[keep].tolist(), sums[keep].tolist(), maxes[keep].tolist())
-                )
+                self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]),))
         if not origins:
             return
         starts = np.concatenate(starts_out)

@@ -7,7 +7,8 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.processor import FlightDelayProcessor, merge_partials
+from keyshift.processing.local_merge import INPUT_COLUMNS, partials_of
+from keyshift.processing.processor import FlightDelayProcessor, merge_partials, pack_pending, unpack_pending
 
 T0 = 978_307_200_000  # 2001-01-01T00:00:00Z
 TOKENS = slot_tokens(8)
@@ -16,7 +17,8 @@ TOKEN = TOKENS[SLOT]
 
 
 def rows(*events, dead=()):
-    """Processor input: events are (origin, event_time_ms, delay_min); dead are (reason, raw)."""
+    """Processor input made by Local Merge from events (origin, event_time_ms, delay_min) and dead
+    letters (reason, raw), all read from Kafka partition SLOT."""
     records = [
         {"origin": o, "destination": "XXX", "delay_min": d, "distance_mi": 100, "event_time_ms": t,
          "event_id": i, "dead_letter_reason": None, "raw_value": None, "kafka_partition": SLOT, "kafka_offset": i}
@@ -27,7 +29,9 @@ def rows(*events, dead=()):
          "event_id": None, "dead_letter_reason": reason, "raw_value": raw, "kafka_partition": SLOT, "kafka_offset": 1000 + i}
         for i, (reason, raw) in enumerate(dead)
     ]
-    return pd.DataFrame(records)
+    partials = partials_of(pd.DataFrame(records, columns=list(INPUT_COLUMNS)), lambda origin: TOKEN, np.array(TOKENS), HOUR_MS)
+    assert set(partials["token"]) <= {TOKEN}
+    return partials
 
 
 @pytest.fixture
@@ -86,8 +90,8 @@ def test_events_of_closed_windows_are_late_and_kept(tester):
     tester.setWatermark(T0 + HOUR_MS)  # closes hour 0
     out = tester.testInPandas(TOKEN, rows(("ORD", T0 + 5, 99), ("ORD", T0 + HOUR_MS, 4)))
     late = kind(out, "late")
-    assert late[["origin", "event_time_ms", "delay_min", "window_end_ms", "watermark_ms"]].values.tolist() == [
-        ["ORD", T0 + 5, 99, T0 + HOUR_MS, T0 + HOUR_MS]
+    assert late[["origin", "event_time_ms", "delay_min", "window_end_ms", "watermark_ms", "event_id", "destination", "kafka_offset"]].values.tolist() == [
+        ["ORD", T0 + 5, 99, T0 + HOUR_MS, T0 + HOUR_MS, 0, "XXX", 0]
     ]
     assert kind(out, "load")["count"].tolist() == [2]  # the late event was processed, not dropped
     assert kind(tester.setWatermark(T0 + 2 * HOUR_MS), "window")["count"].tolist() == [1]
@@ -108,3 +112,21 @@ def test_merge_partials():
     assert counts.tolist() == [2, 4]
     assert sums.tolist() == [20, 40]
     assert maxes.tolist() == [-1, 9]
+
+
+def test_pending_windows_pack_round_trip():
+    arrays = (np.array([3, 7]), np.array([2, 4]), np.array([20, -40]), np.array([-1, 9]))
+    assert [a.tolist() for a in unpack_pending(pack_pending(*arrays))] == [a.tolist() for a in arrays]
+
+
+def test_local_merge_partials_add_up():
+    """Local Merge keeps every event: counts add up, and each partial lists its events."""
+    events = [("ORD", T0 + i * 600_000, i) for i in range(12)] + [("LGA", T0 + 5, 7)]  # ORD spans 2 hours
+    partials = rows(*events, dead=[("empty value", None)])
+    assert partials["count"].sum() == 14
+    ord_partials = partials[partials["origin"] == "ORD"].sort_values("window_start_ms")
+    assert ord_partials["count"].tolist() == [6, 6]
+    assert ord_partials["sum_delay_min"].tolist() == [sum(range(6)), sum(range(6, 12))]
+    assert [list(ids) for ids in ord_partials["event_ids"]] == [list(range(6)), list(range(6, 12))]
+    dead = partials[partials["dead_letter_reason"].notna()]
+    assert dead["kafka_offsets"].map(list).tolist() == [[1000]]
