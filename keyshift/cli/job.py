@@ -30,7 +30,7 @@ def flight_delay_options(function):
         click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
         click.option("--limit", type=click.IntRange(min=1), default=None, help="Bounded run: wait for LIMIT records, drain, flush, stop. Default: run until stopped."),
         click.option("--starting", type=click.Choice(["replay", "earliest", "latest"]), default="replay", help="Start offsets: where the last replay into the topic began, or earliest/latest."),
-        click.option("--idle-timeout", type=click.FloatRange(min=1), default=300.0, help="Fail when no batch completes for this many seconds."),
+        click.option("--idle-timeout", type=click.FloatRange(min=1), default=300.0, help="Bounded run: fail when no batch completes for this many seconds."),
     ]
     for option in reversed(options):
         function = option(function)

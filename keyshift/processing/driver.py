@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -73,6 +74,13 @@ class PeakMemorySampler(threading.Thread):
     def stop(self) -> None:
         """Stop sampling (the peaks stay readable)."""
         self._stop_event.set()
+
+
+def driver_jvm_pid(spark: SparkSession) -> int:
+    """The pid of the driver's JVM: the gateway pyspark launched, or, under spark-submit (which
+    starts the JVM first and this Python process as its child), the parent of this process."""
+    process = getattr(spark.sparkContext._gateway, "proc", None)
+    return process.pid if process is not None else os.getppid()
 
 
 def _iso_to_ms(text: str | None) -> int | None:
@@ -217,7 +225,7 @@ def run_flight_delays(
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf)
         elif spark.conf.get("spark.sql.shuffle.partitions") != str(config.partitions):
             spark.conf.set("spark.sql.shuffle.partitions", str(config.partitions))
-        sampler = PeakMemorySampler(spark.sparkContext._gateway.proc.pid)
+        sampler = PeakMemorySampler(driver_jvm_pid(spark))
         sampler.start()
         producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", linger_ms=20, client_id=f"keyshift-sink-{config.run_id}")
         sink = FlightDelaySink(recorder.run_dir, config.run_id, config.epoch, config.partitions, producer)
@@ -303,7 +311,7 @@ def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settin
         if stop_requested.is_set():
             log.info("run %s: stop requested; stopping at the batch boundary", config.run_id)
             return state
-        if time.monotonic() - last_activity > config.idle_timeout_s:
+        if target is not None and time.monotonic() - last_activity > config.idle_timeout_s:
             raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
         time.sleep(0.5)
 

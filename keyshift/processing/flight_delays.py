@@ -41,7 +41,8 @@ class FlightDelayJobConfig:
         max_offsets_per_trigger: records per micro-batch at most (None: all available).
         limit: bounded run: wait for at least this many records in the topic, drain, flush the
             last windows, stop. None: run until stopped.
-        idle_timeout_s: a bounded run fails when no batch completes for this long (seconds).
+        idle_timeout_s: a bounded run fails when no batch completes for this long (seconds); a
+            continuous run waits for input as long as it takes.
         end_offsets: a bounded run's end, partition -> offset (exclusive), set by the driver
             once the input is there: records at or past it belong to someone else's later
             replay and are ignored, so a run reads exactly [start, end) plus its own markers.
