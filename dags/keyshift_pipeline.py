@@ -42,7 +42,8 @@ RUN_ID = "{{ job_run_id(run_id) }}"
     tags=["keyshift", "spark", "kafka", "flights"],
     doc_md=__doc__,
     default_args={"owner": "keyshift", "retries": 0},
-    user_defined_macros={"job_run_id": pipeline.job_run_id, "spark_env": pipeline.spark_env},
+    user_defined_macros={"job_run_id": pipeline.job_run_id, "spark_env": pipeline.spark_env,
+                         "connector_jars": pipeline.connector_jars_option},
     params={
         "strategy": Param("hash", type="string", enum=list(pipeline.STRATEGIES),
                           description="Placement strategy: key → slot rule of producer and job."),
@@ -94,6 +95,7 @@ def keyshift_pipeline():
         task_id="spark_submit",
         conn_id="spark_default",
         application=str(pipeline.APPLICATION),
+        jars="{{ connector_jars() }}",
         name=f"keyshift-{RUN_ID}",
         application_args=pipeline.spark_submit_args(
             RUN_ID, "{{ params.strategy }}", "{{ params.partitions }}", "{{ params.bound_ms }}",

@@ -39,6 +39,7 @@ from keyshift.errors import JobError, StackError
 from keyshift.orchestration import pipeline
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
+from keyshift.stack.spark import jars_option
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ def launch_job(
 
         argv = (
             spark_submit_binary(), "--master", settings.spark_master, "--name", f"keyshift-{run_id}",
+            "--jars", jars_option(settings),  # the driver JVM exists before the job's code runs
             str(application),
             *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit),
         )

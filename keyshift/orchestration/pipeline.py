@@ -214,6 +214,18 @@ def spark_submit_args(
     return args
 
 
+def connector_jars_option() -> str:
+    """`spark-submit --jars` value: the Kafka connector jars (fetched into the cache if missing).
+
+    Under spark-submit the driver JVM starts before the job's code, so the job cannot add them
+    itself; the DAG renders this at run time (a Jinja macro), never at import.
+    """
+    from keyshift.settings import Settings
+    from keyshift.stack.spark import jars_option
+
+    return jars_option(Settings())
+
+
 def venv_bin() -> Path:
     """The `bin/` folder of the interpreter running keyshift (where `spark-submit` lives)."""
     return Path(sys.executable).parent
