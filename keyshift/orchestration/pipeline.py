@@ -297,8 +297,9 @@ def summary_problems(
     """Everything wrong with a job summary; an empty list means it reconciles.
 
     The rules: every event read is accounted for exactly once,
-    `events_read == sum_window_counts + late_events + dead_letters` (a late event and a dead
-    letter are counted, never dropped: DESIGN.md vocabulary); a complete run read what was
+    `events_read == sum_window_counts + late_events + dead_letters + pending_events` (a late
+    event and a dead letter are counted, never dropped: DESIGN.md vocabulary; pending events sit
+    in windows still open in the state of a stopped continuous run, none after a complete run); a complete run read what was
     produced, `events_read == events_produced`; for a bounded run both equal the `limit`; and the
     replay task's own count agrees.
 
@@ -316,12 +317,15 @@ def summary_problems(
     if missing:
         return [f"summary lacks integer field(s) {missing}"]
     read = summary["events_read"]
-    accounted = summary["sum_window_counts"] + summary["late_events"] + summary["dead_letters"]
+    pending = int(summary.get("pending_events") or 0)
+    accounted = summary["sum_window_counts"] + summary["late_events"] + summary["dead_letters"] + pending
     if read != accounted:
         problems.append(
             f"events_read {read} != sum_window_counts {summary['sum_window_counts']} + late_events "
-            f"{summary['late_events']} + dead_letters {summary['dead_letters']} (= {accounted})"
+            f"{summary['late_events']} + dead_letters {summary['dead_letters']} + pending_events {pending} (= {accounted})"
         )
+    if complete and pending:
+        problems.append(f"{pending} events still in open windows after a complete run")
     if complete and read != summary["events_produced"]:
         problems.append(f"events_read {read} != events_produced {summary['events_produced']}")
     if expected_events is not None and read != expected_events:

@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from keyshift.errors import JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.processing.flight_delays import FlightDelayJobConfig, flight_delay_stream
+from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.sinks import FlightDelaySink
@@ -81,6 +82,27 @@ def driver_jvm_pid(spark: SparkSession) -> int:
     starts the JVM first and this Python process as its child), the parent of this process."""
     process = getattr(spark.sparkContext._gateway, "proc", None)
     return process.pid if process is not None else os.getppid()
+
+
+def pending_events(spark: SparkSession, checkpoint: Path) -> int:
+    """Events held in open windows in the run's state at its last committed batch.
+
+    Read with Spark's state data source (`statestore`, state variable `pending_windows`), so
+    it is an independent count: a stopped continuous run reconciles as events read =
+    Σ window counts + late + dead letters + pending; a drained bounded run has none pending.
+    Returns 0 when the query committed no batch.
+    """
+    if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
+        return 0
+    state = (
+        spark.read.format("statestore")
+        .option("path", str(checkpoint))
+        .option("stateVarName", PENDING_STATE_NAME)
+        .load()
+        .select("user_map_value.partials")
+        .toPandas()
+    )
+    return int(sum(unpack_pending(blob)[1].sum() for blob in state["partials"]))
 
 
 def _iso_to_ms(text: str | None) -> int | None:
@@ -245,13 +267,15 @@ def run_flight_delays(
             sampler.stop()
             producer.close()
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
-        summary = build_summary(config, replay, sink, watch, wall_seconds, sampler)
+        pending = pending_events(spark, recorder.run_dir / "checkpoint")
+        summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
         summary["start_offsets"] = start if isinstance(start, str) else {str(p): o for p, o in sorted(start.items())}
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
                 f"run {config.run_id} does not reconcile: events read {summary['events_read']} != "
                 f"windows {summary['sum_window_counts']} + late {summary['late_events']} + dead letters {summary['dead_letters']}"
+                f" + pending {summary['pending_events']}"
             )
         recorder.finish(summary, state="succeeded" if config.limit else "stopped")
         return summary
@@ -316,10 +340,19 @@ def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settin
         time.sleep(0.5)
 
 
-def build_summary(config: FlightDelayJobConfig, replay: dict[str, str], sink: FlightDelaySink, watch: dict[str, Any], wall_seconds: float, sampler: PeakMemorySampler) -> dict[str, Any]:
+def build_summary(
+    config: FlightDelayJobConfig,
+    replay: dict[str, str],
+    sink: FlightDelaySink,
+    watch: dict[str, Any],
+    wall_seconds: float,
+    sampler: PeakMemorySampler,
+    pending: int = 0,
+) -> dict[str, Any]:
     """The run's summary: counts (events), balance, speed (events/s) and memory (bytes).
 
-    `replay` is the topic's replay record as read when the run started (its events_produced).
+    `replay` is the topic's replay record as read when the run started (its events_produced);
+    `pending` the events still in open windows in the state (`pending_events`).
     """
     counters = sink.counters
     events_read = counters.processed_events
@@ -339,7 +372,8 @@ def build_summary(config: FlightDelayJobConfig, replay: dict[str, str], sink: Fl
         "alerts": counters.alerts,
         "late_events": counters.late_events,
         "dead_letters": counters.dead_letters,
-        "reconciled": events_read == counters.accounted_events,
+        "pending_events": pending,
+        "reconciled": events_read == counters.accounted_events + pending,
         "per_slot_events": counters.per_slot_events,
         "balance_degree": balance_degree(counters.per_slot_events),
         "batches": watch["batches"],

@@ -85,7 +85,7 @@ def test_spark_submit_operator_renders_args_from_params(dag):
     op = dag.task_dict["spark_submit"]
     assert op._conn_id == "spark_default"
     assert op.application == str(REPO / "spark_jobs" / "flight_delays.py")
-    assert op.jars is None  # the job sets its own spark.jars
+    assert op.jars == "{{ connector_jars() }}"  # rendered at run time: under spark-submit the JVM exists before the job runs
     env = dag.get_template_env()
     context = {
         "params": {"strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000},
@@ -372,7 +372,9 @@ _DAG_TEST_CONTINUOUS = textwrap.dedent(
     import json, sys, threading, time
     from pathlib import Path
     from airflow.dag_processing.dagbag import DagBag
+    from keyshift import names
     from keyshift.orchestration import launch, pipeline
+    from keyshift.runs import redis_client
     from keyshift.settings import Settings
 
     settings = Settings()
@@ -387,8 +389,9 @@ _DAG_TEST_CONTINUOUS = textwrap.dedent(
                 log_path = pipeline.driver_log_path(settings, run_id)
                 record = launch.read_run_record(settings, run_id)
                 started = log_path.exists() and "query started" in log_path.read_text(errors="replace")
-                if record.get("state") == "running" and started:
-                    time.sleep(3)
+                batch_done = redis_client(settings).hget(names.redis_progress_key(run_id), "latest")
+                if record.get("state") == "running" and started and batch_done:
+                    time.sleep(5)  # the trigger polls: let it see and log the batch
                     stopped["run_id"], stopped["stopped"] = run_id, launch.stop_job(settings, run_id, 60)
                     return
             time.sleep(1)

@@ -94,6 +94,7 @@ def test_every_event_is_accounted_for(run):
     assert summary["late_events"] == len(run["late"])
     assert summary["sum_window_counts"] == FLIGHTS - summary["late_events"]
     assert summary["events_read"] == summary["sum_window_counts"] + summary["late_events"] + summary["dead_letters"]
+    assert summary["pending_events"] == 0  # read back from the state store: nothing left open
     assert summary["reconciled"] is True
     assert sum(summary["per_slot_events"]) == summary["events_read"]
     assert summary["batches"] >= 3  # the input really came in several micro-batches
