@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 from keyshift.eventtime.windows import window_starts_ms
 from keyshift.placement.spark_tokens import token_lookup
+from keyshift.processing.records import PARSED_COLUMNS
 
 PARTIAL_SCHEMA = T.StructType(
     [
@@ -46,18 +47,7 @@ PARTIAL_SCHEMA = T.StructType(
 
 PARTIAL_COLUMNS = [field.name for field in PARTIAL_SCHEMA.fields]
 
-INPUT_COLUMNS = (
-    "origin",
-    "destination",
-    "delay_min",
-    "distance_mi",
-    "event_time_ms",
-    "event_id",
-    "dead_letter_reason",
-    "raw_value",
-    "kafka_partition",
-    "kafka_offset",
-)
+INPUT_COLUMNS = tuple(c for c in PARSED_COLUMNS if c not in ("is_control", "control_run_id"))
 """Columns `local_merge` reads (from `keyshift.processing.records.parse_flight_records`)."""
 
 
