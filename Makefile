@@ -21,7 +21,7 @@ $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.lock
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip check
 	touch $(STAMP)
 

@@ -43,3 +43,10 @@ def demo(run_id, partitions, strategy, limit, rate, bound_ms, max_offsets_per_tr
         builtin=builtin,
     )
     click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    problems = []
+    if not summary["quality"]["success"]:
+        problems.append(f"the windows table failed {len(summary['quality']['failed'])} Great Expectations check(s)")
+    if builtin and not summary["builtin"]["comparison"]["equal"]:
+        problems.append("the windows differ from Spark's built-in aggregation (see builtin.comparison)")
+    if problems:
+        raise click.ClickException("; ".join(problems))
