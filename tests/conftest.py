@@ -6,10 +6,14 @@ it carries the Kafka connector jars (fetched by `make setup` / `keyshift stack f
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 import pytest
+
+# py4j logs every JVM call at INFO, and once more after pytest closed its streams at exit
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
