@@ -329,7 +329,11 @@ def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settin
                 last_activity = time.monotonic()
             elif state["markers_end"] is not None and _covers(consumed, state["markers_end"]):
                 counters = sink.counters
-                if counters.accounted_events == counters.processed_events:
+                # stop only once the batch that emitted the last windows is committed (its
+                # progress is reported after the commit); stopping earlier leaves the state store
+                # at the previous version and the batch would run again on a restart
+                committed = max(seen, default=-1) >= sink.last_batch_id
+                if counters.accounted_events == counters.processed_events and committed:
                     log.info("run %s: all %d events accounted for; stopping", config.run_id, counters.processed_events)
                     return state
         if stop_requested.is_set():

@@ -100,6 +100,7 @@ class FlightDelaySink:
         self.counters = RunCounters(per_slot_events=[0] * partitions)
         self.batch_slot_events: dict[int, list[int]] = {}
         self.batch_partition_ids: dict[int, dict[int, int]] = {}
+        self.last_batch_id = -1
         self._lock = threading.Lock()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -136,6 +137,7 @@ class FlightDelaySink:
             c.processed_events += sum(slot_events)
             c.per_slot_events = [a + b for a, b in zip(c.per_slot_events, slot_events)]
             self.batch_slot_events[batch_id] = slot_events
+            self.last_batch_id = max(self.last_batch_id, batch_id)
             self.batch_partition_ids[batch_id] = partition_ids
         log.info(
             "batch %d: processed %d events, %d windows, %d late, %d dead letters",
