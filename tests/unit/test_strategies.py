@@ -12,10 +12,18 @@ from keyshift.errors import PlacementError
 from keyshift.placement.strategies import (
     STRATEGY_NAMES,
     HashStrategy,
+    HotSplitStrategy,
     KafkaPartitioner,
+    LeastCountStrategy,
+    LeastKeyStrategy,
+    ModuloStrategy,
     SlotCache,
     Strategy,
+    WeightStrategy,
+    WeightTable,
     bucket_of,
+    integer_key,
+    least_loaded,
     strategy_by_name,
 )
 
@@ -61,7 +69,12 @@ def test_hash_slots(keys: list[str], partitions: int, expected: list[int]) -> No
 @pytest.mark.parametrize(
     ("name", "partitions", "options", "message"),
     [
-        ("least_count", 8, {}, "unknown placement strategy 'least_count'; known: hash"),  # not yet built
+        (  # not a strategy: the message lists every known name
+            "round_robin",
+            8,
+            {},
+            "unknown placement strategy 'round_robin'; known: hash, modulo, least_key, least_count, weight, hot_split",
+        ),
         ("HASH", 8, {}, "known: hash"),  # names are case-sensitive
         ("hash", 0, {}, "partitions must be >= 1, got 0"),  # zero slots
         ("hash", -3, {}, "partitions must be >= 1, got -3"),  # negative slots
@@ -76,8 +89,8 @@ def test_strategy_by_name_refuses(name: str, partitions: int, options: dict, mes
         strategy_by_name(name, partitions, **options)
 
 
-def test_registry_lists_hash() -> None:
-    assert STRATEGY_NAMES == ("hash",)
+def test_registry_lists_every_strategy() -> None:
+    assert STRATEGY_NAMES == ("hash", "modulo", "least_key", "least_count", "weight", "hot_split")
     strategy = strategy_by_name("hash", 8, epoch=5)
     assert isinstance(strategy, Strategy)
     assert (strategy.name, strategy.partitions, strategy.epoch, strategy.key_affine) == ("hash", 8, 5, True)
@@ -208,3 +221,360 @@ def test_kafka_partitioner_unknown_topic_is_a_value_error() -> None:
 def test_kafka_partitioner_accepts_bytearray_keys() -> None:
     partitioner = KafkaPartitioner(strategy_by_name("hash", 8))
     assert partitioner.partition("flights", None, bytearray(b"ORD"), b"{}", b"{}", FakeCluster("flights", 8)) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# modulo (paper 000 §4.2.1 (1)): slot = int(key) mod P, floor modulo
+
+
+@pytest.mark.parametrize(
+    ("key", "partitions", "expected"),
+    [
+        ("0", 8, 0),  # zero
+        ("7", 8, 7),  # last slot
+        ("8", 8, 0),  # wraps to slot 0
+        ("100005", 60, 45),  # the paper's numeric IDs
+        ("-1", 8, 7),  # negative: floor modulo (Math.floorMod), never a negative slot
+        ("+9", 8, 1),  # explicit plus sign
+        ("0042", 8, 2),  # leading zeros are the same integer
+        ("123456789012345678901234567890", 7, 123456789012345678901234567890 % 7),  # beyond 64 bits
+        ("5", 1, 0),  # one slot
+        ("3", 64, 3),  # more slots than keys: identity below P
+    ],
+)
+def test_modulo_slots(key: str, partitions: int, expected: int) -> None:
+    assert ModuloStrategy(partitions=partitions).slot_of(key) == expected
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "ORD",  # letters
+        "",  # empty
+        " 7",  # surrounding space: int() would accept it, we do not
+        "1_000",  # separator: int() would accept it, we do not
+        "1.0",  # decimal point
+        "٣",  # a non-ASCII digit (Arabic-Indic three)
+    ],
+)
+def test_modulo_refuses_non_integer_keys(key: str) -> None:
+    with pytest.raises(PlacementError, match=f"key {key!r} is not an integer"):
+        strategy_by_name("modulo", 8).slot_of(key)
+    with pytest.raises(PlacementError, match="modulo places integer keys only"):
+        integer_key(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# least_key / least_count (paper 000 Algorithm 1): history map + least-loaded slot, ties lowest
+
+
+@pytest.mark.parametrize(
+    ("loads", "exclude", "expected"),
+    [
+        ([0], (), 0),  # a single slot
+        ([3, 1, 2], (), 1),  # the unique minimum
+        ([2, 1, 1, 5], (), 1),  # a tie: lowest index wins
+        ([0, 0, 0], (), 0),  # all equal: slot 0
+        ([0, 0, 0], (0,), 1),  # excluded slots are skipped, tie still to the lowest left
+        ([1, 5, 9], (0, 1), 2),  # only one slot left, however heavy
+    ],
+)
+def test_least_loaded(loads: list[int], exclude: tuple[int, ...], expected: int) -> None:
+    assert least_loaded(loads, exclude) == expected
+
+
+def test_least_loaded_with_every_slot_excluded() -> None:
+    with pytest.raises(PlacementError, match="no slot left"):
+        least_loaded([1, 2], exclude=(0, 1))
+
+
+@pytest.mark.parametrize(
+    ("counts", "partitions", "assignment", "loads"),
+    [
+        ({}, 4, {}, [0, 0, 0, 0]),  # no keys: empty map, empty slots
+        ({"a": 9}, 4, {"a": 0}, [1, 0, 0, 0]),  # a single key: slot 0 (tie among empty slots)
+        ({"a": 9, "b": 1, "c": 5}, 8, {"a": 0, "b": 1, "c": 2}, [1, 1, 1, 0, 0, 0, 0, 0]),  # more slots than keys
+        # counts ignored, mapping order kept: round-robin over keys as they came
+        ({"a": 100, "b": 1, "c": 1, "d": 1, "e": 1}, 2, {"a": 0, "b": 1, "c": 0, "d": 1, "e": 0}, [3, 2]),
+        ({"a": 1, "b": 1}, 1, {"a": 0, "b": 0}, [2]),  # one slot takes everything
+    ],
+)
+def test_least_key_from_counts(counts, partitions, assignment, loads) -> None:
+    strategy = LeastKeyStrategy.from_counts(counts, partitions)
+    assert strategy.assignment == assignment
+    assert strategy.loads == loads
+
+
+@pytest.mark.parametrize(
+    ("counts", "partitions", "assignment", "loads"),
+    [
+        ({}, 3, {}, [0, 0, 0]),  # no keys
+        ({"a": 9}, 3, {"a": 0}, [9, 0, 0]),  # a single key: slot 0
+        ({"a": 5, "b": 3, "c": 3, "d": 1}, 3, {"a": 0, "b": 1, "c": 2, "d": 1}, [5, 4, 3]),  # heaviest first
+        # b and c tie at 3: mapping order decides (c before b), then d joins the lighter one
+        ({"c": 3, "a": 5, "b": 3, "d": 1}, 3, {"a": 0, "c": 1, "b": 2, "d": 1}, [5, 4, 3]),
+        ({"a": 4, "b": 4}, 2, {"a": 0, "b": 1}, [4, 4]),  # equal keys spread evenly
+        ({"a": 1, "b": 2}, 5, {"b": 0, "a": 1}, [2, 1, 0, 0, 0]),  # more slots than keys
+        ({"a": 0, "b": 0}, 2, {"a": 0, "b": 0}, [0, 0]),  # zero counts add no load: both on slot 0
+        ({"a": 10, "b": 6, "c": 5, "d": 1}, 2, {"a": 0, "b": 1, "c": 1, "d": 0}, [11, 11]),  # LPT, perfect here
+    ],
+)
+def test_least_count_from_counts(counts, partitions, assignment, loads) -> None:
+    strategy = LeastCountStrategy.from_counts(counts, partitions)
+    assert strategy.assignment == assignment
+    assert strategy.loads == loads
+
+
+def test_least_key_online_follows_algorithm_1() -> None:
+    strategy = LeastKeyStrategy(partitions=3)
+    # new keys fill slots 0, 1, 2 in turn; a known key keeps its slot and adds no key-load
+    assert [strategy.assign(key) for key in ["a", "b", "a", "c", "d", "b"]] == [0, 1, 0, 2, 0, 1]
+    assert strategy.loads == [2, 1, 1]
+    assert strategy.slot_of("e") == 1  # a new key asked through slot_of is assigned too
+    assert strategy.assignment == {"a": 0, "b": 1, "c": 2, "d": 0, "e": 1}
+
+
+def test_least_count_online_weighs_by_events() -> None:
+    strategy = LeastCountStrategy(partitions=2)
+    assert strategy.assign("a", weight=10) == 0
+    assert strategy.assign("b", weight=3) == 1
+    assert strategy.assign("c", weight=3) == 1  # 3 < 10: still the lighter slot
+    assert strategy.assign("a", weight=5) == 0  # known key: keeps slot 0, its load grows
+    assert strategy.loads == [15, 6]
+    assert strategy.slot_of("b") == 1  # a known key through slot_of: pure lookup
+    assert strategy.loads == [15, 6]
+
+
+def test_least_count_learns_from_history_then_places_new_keys() -> None:
+    strategy = strategy_by_name("least_count", 2, counts={"a": 7, "b": 2}, epoch=3)
+    assert strategy.epoch == 3
+    assert (strategy.slot_of("a"), strategy.slot_of("b")) == (0, 1)
+    assert strategy.slot_of("z") == 1  # new key: slot 1 has 2 events against 7
+    assert strategy.loads == [7, 3]
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (-1, "weight must be an int >= 0"),  # a negative count
+        (1.5, "weight must be an int >= 0"),  # counts are whole events
+        (True, "weight must be an int >= 0"),  # bool is not a count
+    ],
+)
+def test_least_count_refuses_bad_weights(weight, message: str) -> None:
+    with pytest.raises(PlacementError, match=message):
+        LeastCountStrategy(partitions=2).assign("a", weight=weight)
+    with pytest.raises(PlacementError, match=message):
+        LeastCountStrategy.from_counts({"a": weight}, 2)
+
+
+def test_least_count_per_bucket_keeps_keys_of_a_bucket_together() -> None:
+    buckets = 16
+    keys = airport_codes(200)
+    counts = {key: 1 + index % 7 for index, key in enumerate(keys)}
+    strategy = LeastCountStrategy.from_counts(counts, 4, buckets=buckets)
+    assert set(strategy.assignment) <= set(range(buckets))  # the map holds buckets, not keys
+    for key in keys:
+        assert strategy.slot_of(key) == strategy.assignment[bucket_of(key, buckets)]
+    assert sum(strategy.loads) == sum(counts.values())
+
+
+def test_least_strategies_are_deterministic() -> None:
+    counts = {key: (index * 37) % 101 for index, key in enumerate(airport_codes(300))}
+    for cls in (LeastKeyStrategy, LeastCountStrategy, HotSplitStrategy):
+        first, second = cls.from_counts(counts, 8), cls.from_counts(counts, 8)
+        assert first.assignment == second.assignment
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("least_count", {"buckets": 0}, "buckets must be None"),  # zero buckets
+        ("least_key", {"buckets": 4096.0}, "buckets must be None"),  # a float is no bucket count
+        ("least_count", {"epoch": -2}, "epoch must be an int >= 0"),  # epochs count from 0
+        ("least_count", {"counts": {"a": -1}}, "weight must be an int >= 0"),  # a negative count
+        ("hot_split", {"d": 1}, "d \\(slots per hot key\\) must be an int >= 2"),  # d = 1 splits nothing
+        ("modulo", {"buckets": 8}, "does not take options"),  # modulo has no buckets
+        ("weight", {"landing": "round"}, "unknown weight landing 'round'; known: hash, random"),  # typo
+    ],
+)
+def test_learned_strategies_refuse_bad_options(name: str, options: dict, message: str) -> None:
+    with pytest.raises(PlacementError, match=message):
+        strategy_by_name(name, 4, **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# weight (paper 000 Algorithm 2): WeightTable summing to 100, landing R in [0, 100)
+
+
+@pytest.mark.parametrize(
+    ("weights", "landing", "expected"),
+    [
+        ((20, 50, 30), 0, 0),  # first point of [0, 20)
+        ((20, 50, 30), 19, 0),  # last point of [0, 20)
+        ((20, 50, 30), 20, 1),  # boundary belongs to the next slot (R >= W[0] moves on)
+        ((20, 50, 30), 69, 1),  # last point of [20, 70)
+        ((20, 50, 30), 70, 2),  # cumulative {20, 70, 100}: the paper's example
+        ((20, 50, 30), 99, 2),  # last landing
+        ((100,), 57, 0),  # a single slot owns everything
+        ((0, 100), 0, 1),  # a zero-weight slot owns nothing, not even its boundary
+        ((50, 0, 50), 50, 2),  # a zero weight in the middle is skipped
+    ],
+)
+def test_weight_table_slot_for(weights: tuple[int, ...], landing: int, expected: int) -> None:
+    assert WeightTable(weights).slot_for(landing) == expected
+
+
+def walk_algorithm_2(weights: tuple[int, ...], landing: int) -> int:
+    """Algorithm 2 lines 3-6 literally: subtract weights until R falls inside one."""
+    slot = 0
+    while landing >= weights[slot]:
+        landing -= weights[slot]
+        slot += 1
+    return slot
+
+
+@pytest.mark.parametrize("weights", [(20, 50, 30), (1,) * 100, (0, 0, 99, 1), (13, 13, 13, 13, 12, 12, 12, 12)])
+def test_weight_binary_search_equals_the_papers_walk(weights: tuple[int, ...]) -> None:
+    table = WeightTable(weights)
+    assert [table.slot_for(r) for r in range(100)] == [walk_algorithm_2(weights, r) for r in range(100)]
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ((20, 50, 31), "weights must sum to 100, got sum 101"),  # one too many
+        ((20, 50), "weights must sum to 100, got sum 70"),  # too few
+        ((), "at least one slot"),  # empty table
+        ((120, -20), "weights must be ints >= 0, got -20"),  # sums to 100 but negative
+        ((50.0, 50), "weights must be ints >= 0, got 50.0"),  # floats refused
+    ],
+)
+def test_weight_table_refuses(weights: tuple, message: str) -> None:
+    with pytest.raises(PlacementError, match=message):
+        WeightTable(weights)
+
+
+@pytest.mark.parametrize(
+    ("partitions", "expected"),
+    [
+        (1, (100,)),  # one slot
+        (3, (34, 33, 33)),  # remainder to the first slots
+        (8, (13, 13, 13, 13, 12, 12, 12, 12)),  # P = 8
+        (100, (1,) * 100),  # one point each
+    ],
+)
+def test_weight_table_even(partitions: int, expected: tuple[int, ...]) -> None:
+    assert WeightTable.even(partitions).weights == expected
+
+
+def test_weight_strategy_refuses_a_table_of_another_length() -> None:
+    with pytest.raises(PlacementError, match="3 weights for 4 slots"):
+        strategy_by_name("weight", 4, weights=[20, 50, 30])
+    with pytest.raises(PlacementError, match="got sum 99"):
+        strategy_by_name("weight", 3, weights=[33, 33, 33])
+
+
+def test_weight_hash_landing_uses_murmur2_mod_100() -> None:
+    strategy = WeightStrategy(partitions=3, weights=(20, 50, 30))
+    for key in airport_codes(200):
+        assert strategy.slot_of(key) == walk_algorithm_2((20, 50, 30), bucket_of(key, 100))
+    assert strategy.assignment == {}  # hash landing needs no history map
+
+
+def test_weight_random_landing_is_seeded_and_remembered() -> None:
+    keys = airport_codes(500)
+    first = WeightStrategy(partitions=3, weights=(20, 50, 30), landing="random", seed=11)
+    second = WeightStrategy(partitions=3, weights=(20, 50, 30), landing="random", seed=11)
+    slots = [first.slot_of(key) for key in keys]
+    assert slots == [second.slot_of(key) for key in keys]  # same seed, same order: same map
+    assert [first.slot_of(key) for key in keys] == slots  # history map: asked again, same answer
+    shares = [slots.count(slot) / len(set(keys)) for slot in range(3)]
+    assert shares == pytest.approx([0.2, 0.5, 0.3], abs=0.07)  # keys follow the weights
+    zero = WeightStrategy(partitions=2, weights=(0, 100), landing="random")
+    assert {zero.slot_of(key) for key in keys} == {1}  # a zero weight never gets a key
+
+
+# ---------------------------------------------------------------------------------------------
+# hot_split (ours): a key above 1/P of the events is spread over d least-loaded slots
+
+
+@pytest.mark.parametrize(
+    ("count", "total", "partitions", "d", "pieces"),
+    [
+        (10, 40, 4, 2, 1),  # exactly the fair share 1/P: not hot
+        (11, 40, 4, 2, 2),  # just above: d = 2 pieces
+        (30, 40, 4, 2, 3),  # 75 % at P = 4: ceil(3.0) = 3 pieces, more than d
+        (40, 40, 4, 2, 4),  # a single key: all P slots
+        (40, 40, 1, 2, 1),  # one slot: nothing to split
+        (11, 40, 4, 3, 3),  # d = 3
+        (5, 0, 4, 2, 1),  # no events at all: nothing is hot
+        (3, 4, 8, 2, 3),  # would need 6 pieces, but 3 events make at most 3 non-empty ones
+    ],
+)
+def test_hot_split_pieces_for(count: int, total: int, partitions: int, d: int, pieces: int) -> None:
+    assert HotSplitStrategy(partitions=partitions, d=d).pieces_for(count, total) == pieces
+
+
+@pytest.mark.parametrize(
+    ("counts", "partitions", "assignment", "loads"),
+    [
+        ({}, 2, {}, [0, 0]),  # no keys
+        # a single key is hot at P = 3: one piece per slot, round-robin sizes 4, 3, 3
+        ({"a": 10}, 3, {"a": (0, 1, 2)}, [4, 3, 3]),
+        # a = 10 of 17 > 17 / 3: two pieces of 5 on slots 0 and 1, then b, c, d by LPT
+        ({"a": 10, "b": 3, "c": 3, "d": 1}, 3, {"a": (0, 1), "b": (2,), "c": (2,), "d": (0,)}, [6, 5, 6]),
+        ({"a": 2, "b": 2}, 2, {"a": (0,), "b": (1,)}, [2, 2]),  # no key above 1/P: plain least_count
+        # more slots than events: a (3 of 4) gets 3 one-event pieces, never an empty one; b stays whole
+        ({"a": 3, "b": 1}, 8, {"a": (0, 1, 2), "b": (3,)}, [1, 1, 1, 1, 0, 0, 0, 0]),
+    ],
+)
+def test_hot_split_from_counts(counts, partitions, assignment, loads) -> None:
+    strategy = HotSplitStrategy.from_counts(counts, partitions)
+    assert strategy.assignment == assignment
+    assert strategy.loads == loads
+
+
+def test_hot_split_spreads_a_hot_keys_events_round_robin() -> None:
+    strategy = HotSplitStrategy.from_counts({"ORD": 90, "ATL": 45, "DFW": 45}, 4)
+    assert strategy.key_affine is False
+    assert strategy.slots_of("ORD") == (0, 1)  # 90 of 180 > 1/4: spread over d = 2 slots
+    assert strategy.is_split("ORD") and not strategy.is_split("ATL")
+    events = [strategy.slot_for_event("ORD", n) for n in range(90)]
+    assert events.count(0) == events.count(1) == 45  # round-robin: equal halves
+    assert strategy.slot_of("ORD") == 0  # first slot
+    assert sorted(strategy.loads) == [45, 45, 45, 45]
+    with pytest.raises(PlacementError, match="not key-affine"):
+        SlotCache(strategy)
+    with pytest.raises(PlacementError, match="sequence must be >= 0"):
+        strategy.slot_for_event("ORD", -1)
+
+
+def test_hot_split_places_unknown_keys_whole_and_online() -> None:
+    strategy = strategy_by_name("hot_split", 2, counts={"a": 6, "b": 2})
+    assert strategy.slots_of("a") == (0, 1)  # 6 of 8 > 1/2
+    assert strategy.loads == [5, 3]  # pieces 3 + 3, then b on slot 0
+    assert strategy.slots_of("new") == (1,)  # placed whole on the lighter slot, one event
+    assert strategy.assign("a", weight=3) == (0, 1)  # 3 events over 2 slots: 2 + 1
+    assert strategy.loads == [7, 5]
+
+
+@pytest.mark.parametrize(
+    ("name", "key_affine"),
+    [
+        ("hash", True),  # Kafka's default
+        ("modulo", True),  # integer keys
+        ("least_key", True),  # Algorithm 1, S = keys
+        ("least_count", True),  # Algorithm 1, S = events
+        ("weight", True),  # Algorithm 2
+        ("hot_split", False),  # a hot key has several slots: never cached per key
+    ],
+)
+def test_every_registered_strategy_keeps_the_interface(name: str, key_affine: bool) -> None:
+    strategy = strategy_by_name(name, 8, epoch=2)
+    assert isinstance(strategy, Strategy)
+    assert (strategy.name, strategy.partitions, strategy.epoch, strategy.key_affine) == (name, 8, 2, key_affine)
+    keys = [str(number) for number in range(50)]  # integers, so modulo can place them too
+    slots = [strategy.slot_of(key) for key in keys]
+    assert all(0 <= slot < 8 for slot in slots)
+    assert [strategy.slot_of(key) for key in keys] == slots  # asked again: same slots in one epoch
