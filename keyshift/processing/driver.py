@@ -25,7 +25,7 @@ import psutil
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
-from keyshift.errors import JobError
+from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.processing.flight_delays import FlightDelayJobConfig, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
@@ -227,9 +227,16 @@ def run_flight_delays(
 
     Raises:
         JobError: the query failed, stalled for `config.idle_timeout_s`, or the counts do not
-            reconcile (events read != Σ window counts + late + dead letters).
+            reconcile (events read != Σ window counts + late + dead letters + pending).
+        ConfigurationError: `runs/<run_id>/checkpoint` already exists (a run id is used once).
         StackError: Kafka or Redis is not reachable.
     """
+    checkpoint = settings.runs_dir / config.run_id / "checkpoint"
+    if (checkpoint / "offsets").exists():
+        raise ConfigurationError(
+            f"run {config.run_id!r} already has a checkpoint at {checkpoint}: its counts would restart at "
+            "zero while Spark resumes mid-stream; choose another --run-id"
+        )
     recorder = RunRecorder(settings, config.run_id)
     recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic)
     stop_requested = threading.Event()
