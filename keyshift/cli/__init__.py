@@ -27,9 +27,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from keyshift.cli import data, job, replay, run, stack, topics
+    from keyshift.cli import bench, data, job, replay, run, stack, topics
 
-    for module in (stack, data, topics, replay, job, run):
+    for module in (stack, data, topics, replay, job, run, bench):
         cli.add_command(module.command)
 
 
