@@ -185,8 +185,20 @@ def test_cli_bench_placement_without_flights(tmp_path) -> None:
 
     _register()
     out = tmp_path / "placement.json"
-    args = ["bench", "placement", "--out", str(out), "--no-flights", "--events", "5000", "--keys", "30", "-p", "2", "--no-progress"]
+    args = ["bench", "placement", "--out", str(out), "--no-flights", "--no-broker", "--events", "5000", "--keys", "30", "-p", "2", "--no-progress"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "flights/origin P=8 least_count online: balance degree >= 0.95: n/a (not measured)" in result.output
     assert len(json.loads(out.read_text())["rows"]) == 4 * len(MODES) * 1 * len(VARIANTS)
+
+
+def test_broker_reachable_is_false_on_a_closed_port() -> None:
+    import socket
+
+    from keyshift.bench.placement import broker_reachable
+    from keyshift.settings import Settings
+
+    with socket.socket() as probe:  # a port that was free a moment ago and has no listener
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert broker_reachable(Settings(kafka_port=port), timeout_s=0.5) is False
