@@ -10,6 +10,7 @@ import click
 
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
+from keyshift.processing.flight_delays import JOB_STRATEGIES
 
 
 def new_run_id(prefix: str = "fd") -> str:
@@ -21,7 +22,7 @@ def flight_delay_options(function):
     """The options of a flight delay run, shared by the CLI and spark_jobs/flight_delays.py."""
     options = [
         click.option("--run-id", default=None, help="Run id; default fd-<UTC time>-<hex>. Names runs/<run_id>/."),
-        click.option("--strategy", default="hash", help="Placement strategy of keys to slots."),
+        click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy of keys to slots."),
         click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots = topic partitions = shuffle partitions."),
         click.option("--epoch", type=click.IntRange(min=0), default=0, help="Assignment epoch written on every window."),
         click.option("--bound-ms", type=click.IntRange(min=0), default=HOUR_MS, help="Watermark bound, ms of event time."),

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
-from keyshift.processing.flight_delays import FlightDelayJobConfig, flight_delay_stream
+from keyshift.processing.flight_delays import FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
@@ -228,9 +228,11 @@ def run_flight_delays(
     Raises:
         JobError: the query failed, stalled for `config.idle_timeout_s`, or the counts do not
             reconcile (events read != Σ window counts + late + dead letters + pending).
-        ConfigurationError: `runs/<run_id>/checkpoint` already exists (a run id is used once).
+        ConfigurationError: `runs/<run_id>/checkpoint` already exists (a run id is used once), or
+            the strategy is not one the job can place with (`JOB_STRATEGIES`).
         StackError: Kafka or Redis is not reachable.
     """
+    check_job_strategy(config.strategy)
     checkpoint = settings.runs_dir / config.run_id / "checkpoint"
     if (checkpoint / "offsets").exists():
         raise ConfigurationError(

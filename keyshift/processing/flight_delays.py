@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from keyshift.errors import ConfigurationError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.tokens import slot_tokens
@@ -24,6 +25,26 @@ from keyshift.processing.processor import OUTPUT_SCHEMA, FlightDelayProcessor
 from keyshift.processing.records import parse_flight_records
 
 EVENT_TIME_COLUMN = "event_ts"
+
+JOB_STRATEGIES = ("hash", "modulo")
+"""Strategies the job can run: each executor rebuilds the strategy, so only rules that are a pure
+function of the key place a key on the same slot everywhere. History-based strategies
+(least_key, least_count, weight with random landing, hot_split) need the shared assignment in
+Redis first."""
+
+
+def check_job_strategy(name: str) -> str:
+    """Return `name` if the job can place keys with it.
+
+    Raises:
+        ConfigurationError: for a strategy whose assignment would differ between executors.
+    """
+    if name not in JOB_STRATEGIES:
+        raise ConfigurationError(
+            f"the flight delay job cannot use strategy {name!r} yet: it needs the shared assignment "
+            f"store in Redis; use one of {', '.join(JOB_STRATEGIES)}"
+        )
+    return name
 
 
 @dataclass(frozen=True)
