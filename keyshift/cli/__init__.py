@@ -27,9 +27,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from keyshift.cli import bench, data, job, replay, run, stack, topics
+    from keyshift.cli import balance, bench, data, job, replay, run, stack, topics
 
-    for module in (stack, data, topics, replay, job, run, bench):
+    for module in (stack, data, topics, replay, job, run, bench, balance):
         cli.add_command(module.command)
 
 

@@ -1,0 +1,337 @@
+"""Switch triggers: when to move to another placement strategy (paper 000 §4.2.2, Table 6; ours).
+
+Every trigger has one interface, `observe(evaluation, now_s, events) -> Decision`, called after
+each evaluation of a sample (`keyshift.monitoring.evaluate.Evaluation`):
+
+* `now_s`: the time of the evaluation, in seconds on any monotonic clock (the same clock for
+  every call to one trigger).
+* `events`: events the stream carried since the previous call (events, >= 0).
+
+Paper 000 Table 6 (定期 / 定量 / 阈值):
+
+| trigger | fires when | then | paper's use |
+| --- | --- | --- | --- |
+| `periodic` | T seconds passed since it last fired | move to the best balance degree | steady source rate |
+| `count` | N events arrived since it last fired | move to the best balance degree | changing source rate |
+| `threshold` | balance degree (eq. 1) in force < θ | move to the best balance degree | as few switches as possible |
+
+Ours, `cost_aware` (DESIGN.md, "Switch only when it pays"): move to the strategy with the
+lowest max/mean only when the makespan it saves over a horizon of H seconds exceeds the cost of
+a migration, with hysteresis (see `CostAwareTrigger`).
+
+The **expected gain** every decision carries is that makespan saved, in seconds: a saturated
+job spends `horizon_s` on the work the horizon brings; a batch lasts as long as its busiest
+slot, so the same events under a candidate take `horizon_s * mm_new / mm_cur` (mm = max/mean of
+the sampled loads; same events, so max ratio = max/mean ratio), a gain of
+`horizon_s * (1 - mm_new / mm_cur)` (negative when the candidate is worse).
+
+A trigger that fires recommends the best strategy; `Decision.switch` is True only when that
+strategy differs from the one in force. Triggers keep state between calls (last firing, last
+switch); `record_switch` tells them a switch happened (they do not assume their advice is taken).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from keyshift.errors import ConfigurationError
+from keyshift.monitoring.evaluate import Evaluation, StrategyEvaluation
+
+DEFAULT_HORIZON_S = 60.0
+"""Horizon H (seconds) over which the expected gain is counted, unless configured."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a trigger recommends after one evaluation.
+
+    Attributes:
+        switch: True to move to `strategy` now.
+        strategy: the strategy to place records with from now (the one in force when not switching).
+        reason: one sentence saying why, with the figures.
+        expected_gain_s: makespan saved over the trigger's horizon by `strategy` versus the one in
+            force, in seconds (0.0 when staying; may be negative for a worse candidate).
+        trigger: the trigger's name (`periodic`, `count`, `threshold`, `cost_aware`).
+    """
+
+    switch: bool
+    strategy: str
+    reason: str
+    expected_gain_s: float
+    trigger: str
+
+
+def expected_gain_s(current: StrategyEvaluation, candidate: StrategyEvaluation, horizon_s: float) -> float:
+    """Makespan saved over `horizon_s` seconds by `candidate` vs `current`: H * (1 - mm_new / mm_cur).
+
+    mm is max/mean of the sampled loads (`keyshift.monitoring.balance.max_over_mean`, >= 1).
+    Returns seconds; negative when the candidate is worse.
+    """
+    return horizon_s * (1.0 - candidate.max_over_mean / current.max_over_mean)
+
+
+@runtime_checkable
+class Trigger(Protocol):
+    """The interface of every switch trigger.
+
+    Attributes:
+        name: `periodic`, `count`, `threshold` or `cost_aware`.
+    """
+
+    name: str
+
+    def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
+        """Decide after one evaluation at time `now_s` (seconds), `events` events since the last call."""
+        ...
+
+    def record_switch(self, strategy_from: str, strategy_to: str, now_s: float, migration_s: float | None = None) -> None:
+        """Note that a switch from `strategy_from` to `strategy_to` happened at `now_s` (seconds),
+        which took `migration_s` seconds when measured."""
+        ...
+
+
+def _check_observation(now_s: float, events: int) -> None:
+    if isinstance(events, bool) or not isinstance(events, int) or events < 0:
+        raise ConfigurationError(f"events must be an int >= 0, got {events!r}")
+    if now_s != now_s:  # NaN
+        raise ConfigurationError("now_s must be a number of seconds, got NaN")
+
+
+class _BestBalance:
+    """Shared part of the paper's three modes: when fired, recommend the best balance degree."""
+
+    name = "?"
+
+    def __init__(self, horizon_s: float) -> None:
+        if not horizon_s > 0:
+            raise ConfigurationError(f"horizon_s must be > 0 seconds, got {horizon_s!r}")
+        self.horizon_s = float(horizon_s)
+
+    def _decide(self, evaluation: Evaluation, why: str) -> Decision:
+        current, best = evaluation.current, evaluation.best
+        gain = expected_gain_s(current, best, self.horizon_s)
+        if best.strategy == current.strategy:
+            return Decision(False, current.strategy, f"{why}; {current.strategy} in force already has the best balance degree {current.balance_degree:.3f}", 0.0, self.name)
+        return Decision(
+            True,
+            best.strategy,
+            f"{why}; {best.strategy} has balance degree {best.balance_degree:.3f} vs {current.balance_degree:.3f} for {current.strategy}",
+            gain,
+            self.name,
+        )
+
+    def _stay(self, evaluation: Evaluation, why: str) -> Decision:
+        return Decision(False, evaluation.in_force, why, 0.0, self.name)
+
+    def record_switch(self, strategy_from: str, strategy_to: str, now_s: float, migration_s: float | None = None) -> None:
+        """Paper modes keep no switch history; accepted for the common interface."""
+
+
+class PeriodicTrigger(_BestBalance):
+    """Paper 000 Table 6 定期 (periodic): every `period_s` seconds, move to the best balance degree.
+
+    The first call starts the clock (it never fires); afterwards the trigger fires at the first
+    call with `now_s - last >= period_s`, and `last` becomes that call's `now_s`.
+
+    Args:
+        period_s: T, seconds between firings, > 0.
+        horizon_s: horizon of the expected gain, seconds, > 0.
+
+    Raises:
+        ConfigurationError: T <= 0 or horizon <= 0; from `observe`, events < 0.
+    """
+
+    name = "periodic"
+
+    def __init__(self, period_s: float, horizon_s: float = DEFAULT_HORIZON_S) -> None:
+        super().__init__(horizon_s)
+        if not period_s > 0:
+            raise ConfigurationError(f"period_s must be > 0 seconds, got {period_s!r}")
+        self.period_s = float(period_s)
+        self._last_s: float | None = None
+
+    def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
+        """Fire when T seconds have passed since the last firing (or the first call)."""
+        _check_observation(now_s, events)
+        if self._last_s is None:
+            self._last_s = now_s
+        waited = now_s - self._last_s
+        if waited < self.period_s:
+            return self._stay(evaluation, f"periodic: {waited:.1f} s of {self.period_s:.1f} s elapsed")
+        self._last_s = now_s
+        return self._decide(evaluation, f"periodic: {waited:.1f} s >= {self.period_s:.1f} s")
+
+
+class CountTrigger(_BestBalance):
+    """Paper 000 Table 6 定量 (count): every `every_events` events, move to the best balance degree.
+
+    Events are summed over calls; the trigger fires at the call that brings the sum to
+    >= N, and the sum restarts at 0.
+
+    Args:
+        every_events: N, events between firings, >= 1.
+        horizon_s: horizon of the expected gain, seconds, > 0.
+
+    Raises:
+        ConfigurationError: N < 1 or horizon <= 0; from `observe`, events < 0.
+    """
+
+    name = "count"
+
+    def __init__(self, every_events: int, horizon_s: float = DEFAULT_HORIZON_S) -> None:
+        super().__init__(horizon_s)
+        if isinstance(every_events, bool) or not isinstance(every_events, int) or every_events < 1:
+            raise ConfigurationError(f"every_events must be an int >= 1, got {every_events!r}")
+        self.every_events = every_events
+        self._events = 0
+
+    def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
+        """Fire when N events have arrived since the last firing."""
+        _check_observation(now_s, events)
+        self._events += events
+        if self._events < self.every_events:
+            return self._stay(evaluation, f"count: {self._events} of {self.every_events} events")
+        seen, self._events = self._events, 0
+        return self._decide(evaluation, f"count: {seen} events >= {self.every_events}")
+
+
+class ThresholdTrigger(_BestBalance):
+    """Paper 000 Table 6 阈值 (threshold): when the balance degree in force is below θ, move to the best.
+
+    Fires at every call where eq. 1 of the strategy in force is strictly below θ (the paper's
+    experiments use θ = 0.6 and 0.4, Table 9).
+
+    Args:
+        theta: θ, a balance degree in [0, 1].
+        horizon_s: horizon of the expected gain, seconds, > 0.
+
+    Raises:
+        ConfigurationError: θ outside [0, 1] or horizon <= 0; from `observe`, events < 0.
+    """
+
+    name = "threshold"
+
+    def __init__(self, theta: float, horizon_s: float = DEFAULT_HORIZON_S) -> None:
+        super().__init__(horizon_s)
+        if not 0 <= theta <= 1:
+            raise ConfigurationError(f"theta must be a balance degree in [0, 1], got {theta!r}")
+        self.theta = float(theta)
+
+    def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
+        """Fire when the balance degree of the strategy in force is below θ."""
+        _check_observation(now_s, events)
+        degree = evaluation.current.balance_degree
+        if degree >= self.theta:
+            return self._stay(evaluation, f"threshold: balance degree {degree:.3f} >= {self.theta:.3f}")
+        return self._decide(evaluation, f"threshold: balance degree {degree:.3f} < {self.theta:.3f}")
+
+
+class CostAwareTrigger:
+    """Ours: switch only when it pays (DESIGN.md, "Beyond the papers"), never flapping.
+
+    At each call the candidate is the strategy with the lowest max/mean on the sample (ties: the
+    one in force, then evaluation order). It is recommended only when all hold:
+
+    1. gain > cost * (1 + margin), where gain = `expected_gain_s(current, candidate, horizon_s)`
+       (makespan saved over the horizon, seconds) and cost = the measured seconds of the last
+       migration (`record_switch(..., migration_s=...)`), else `default_cost_s`;
+    2. it is not the strategy left at the last switch while less than `cooldown_s` seconds have
+       passed since that switch (no A -> B -> A flapping within the cool-down).
+
+    Args:
+        horizon_s: H, seconds over which the gain is counted, > 0.
+        default_cost_s: migration cost before any is measured, seconds, >= 0.
+        margin: hysteresis margin, >= 0 (0.2 asks for a gain 20 % above the cost).
+        cooldown_s: seconds after a switch during which switching back is refused, >= 0.
+
+    Raises:
+        ConfigurationError: a parameter out of range; from `observe`, events < 0;
+            from `record_switch`, a negative migration time.
+    """
+
+    name = "cost_aware"
+
+    def __init__(self, horizon_s: float = DEFAULT_HORIZON_S, default_cost_s: float = 5.0, margin: float = 0.2, cooldown_s: float = 300.0) -> None:
+        if not horizon_s > 0:
+            raise ConfigurationError(f"horizon_s must be > 0 seconds, got {horizon_s!r}")
+        if not default_cost_s >= 0 or not margin >= 0 or not cooldown_s >= 0:
+            raise ConfigurationError(
+                f"default_cost_s, margin and cooldown_s must be >= 0, got {default_cost_s!r}, {margin!r}, {cooldown_s!r}"
+            )
+        self.horizon_s = float(horizon_s)
+        self.default_cost_s = float(default_cost_s)
+        self.margin = float(margin)
+        self.cooldown_s = float(cooldown_s)
+        self.measured_cost_s: float | None = None
+        self._last_switch: tuple[str, str, float] | None = None  # (from, to, at seconds)
+
+    @property
+    def cost_s(self) -> float:
+        """The migration cost in use, seconds: the last measured one, else `default_cost_s`."""
+        return self.default_cost_s if self.measured_cost_s is None else self.measured_cost_s
+
+    def record_switch(self, strategy_from: str, strategy_to: str, now_s: float, migration_s: float | None = None) -> None:
+        """Note a switch at `now_s` (seconds) and, when measured, the migration's seconds (the new cost).
+
+        Raises:
+            ConfigurationError: if `migration_s` is negative.
+        """
+        if migration_s is not None:
+            if not migration_s >= 0:
+                raise ConfigurationError(f"migration_s must be >= 0 seconds, got {migration_s!r}")
+            self.measured_cost_s = float(migration_s)
+        self._last_switch = (strategy_from, strategy_to, float(now_s))
+
+    def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
+        """Recommend the lowest max/mean when its gain beats cost * (1 + margin) and it is not a flap back."""
+        _check_observation(now_s, events)
+        current = evaluation.current
+        candidate = min(evaluation.results, key=lambda result: (result.max_over_mean, not result.in_force))
+        stay = evaluation.in_force
+        if candidate.strategy == current.strategy:
+            return Decision(False, stay, f"cost_aware: {stay} in force already has the lowest max/mean {current.max_over_mean:.3f}", 0.0, self.name)
+        gain = expected_gain_s(current, candidate, self.horizon_s)
+        needed = self.cost_s * (1.0 + self.margin)
+        figures = (
+            f"{candidate.strategy} max/mean {candidate.max_over_mean:.3f} vs {current.max_over_mean:.3f} saves "
+            f"{gain:.2f} s over {self.horizon_s:.0f} s; cost {self.cost_s:.2f} s x (1 + {self.margin:.2f}) = {needed:.2f} s"
+        )
+        if gain <= needed:
+            return Decision(False, stay, f"cost_aware: does not pay: {figures}", gain, self.name)
+        if self._last_switch is not None:
+            left, _, at = self._last_switch
+            since = now_s - at
+            if candidate.strategy == left and since < self.cooldown_s:
+                return Decision(
+                    False,
+                    stay,
+                    f"cost_aware: cool-down: {candidate.strategy} was left {since:.0f} s ago (< {self.cooldown_s:.0f} s); {figures}",
+                    gain,
+                    self.name,
+                )
+        return Decision(True, candidate.strategy, f"cost_aware: pays: {figures}", gain, self.name)
+
+
+TRIGGER_NAMES: tuple[str, ...] = ("periodic", "count", "threshold", "cost_aware")
+"""Names `trigger_by_name` accepts."""
+
+
+def trigger_by_name(name: str, **options: float) -> Trigger:
+    """Build a trigger by name with its keyword options.
+
+    periodic: `period_s`; count: `every_events`; threshold: `theta`; cost_aware: `default_cost_s`,
+    `margin`, `cooldown_s`; all take `horizon_s` (seconds).
+
+    Raises:
+        ConfigurationError: an unknown name (lists the known ones), or an option it does not take.
+    """
+    classes = {"periodic": PeriodicTrigger, "count": CountTrigger, "threshold": ThresholdTrigger, "cost_aware": CostAwareTrigger}
+    try:
+        cls = classes[name]
+    except KeyError:
+        raise ConfigurationError(f"unknown trigger {name!r}; known: {', '.join(TRIGGER_NAMES)}") from None
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ConfigurationError(f"trigger {name!r} does not take options {sorted(options)}: {exc}") from exc
