@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import requests
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
+from keyshift.monitoring.spark_tasks import makespan_ratio, stateful_task_seconds
 from keyshift.processing.flight_delays import FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
 from keyshift.processing.records import end_of_input_marker
@@ -278,6 +280,7 @@ def run_flight_delays(
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
         pending = pending_events(spark, recorder.run_dir / "checkpoint")
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
+        summary.update(_task_time_summary(spark, query.name, config.partitions))
         summary["start_offsets"] = start if isinstance(start, str) else {str(p): o for p, o in sorted(start.items())}
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
@@ -351,6 +354,20 @@ def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settin
         if target is not None and time.monotonic() - last_activity > config.idle_timeout_s:
             raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
         time.sleep(0.5)
+
+
+def _task_time_summary(spark: SparkSession, query_name: str, partitions: int) -> dict[str, Any]:
+    """`per_slot_task_seconds` (Σ over batches, seconds) and `stateful_makespan_ratio` of a run."""
+    ui_url = spark.sparkContext.uiWebUrl
+    if not ui_url:
+        return {"per_slot_task_seconds": None, "stateful_makespan_ratio": None}
+    try:
+        per_batch = stateful_task_seconds(ui_url, spark.sparkContext.applicationId, query_name, partitions)
+    except requests.RequestException as exc:
+        log.warning("Spark's REST API at %s did not answer (%s): no per-slot task times", ui_url, exc)
+        return {"per_slot_task_seconds": None, "stateful_makespan_ratio": None}
+    totals = [round(sum(batch[slot] for batch in per_batch.values()), 3) for slot in range(partitions)]
+    return {"per_slot_task_seconds": totals, "stateful_makespan_ratio": makespan_ratio(per_batch), "stateful_batches_timed": len(per_batch)}
 
 
 def build_summary(

@@ -102,6 +102,14 @@ def test_every_event_is_accounted_for(run):
     assert on_disk["events_read"] == summary["events_read"]
 
 
+def test_stateful_task_times_come_from_spark_rest_api(run):
+    summary = run["summary"]
+    assert len(summary["per_slot_task_seconds"]) == PARTITIONS
+    assert all(seconds > 0 for seconds in summary["per_slot_task_seconds"])  # every slot ran its tasks
+    assert summary["stateful_batches_timed"] >= summary["batches"] - 1
+    assert summary["stateful_makespan_ratio"] >= 1.0
+
+
 def test_late_events_were_behind_the_watermark(run):
     for event in run["late"]:
         assert event["window_end_ms"] <= event["watermark_ms"]

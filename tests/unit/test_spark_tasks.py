@@ -1,0 +1,19 @@
+"""Makespan ratio of the stateful stage's per-slot task times."""
+
+import pytest
+
+from keyshift.monitoring.spark_tasks import makespan_ratio
+
+
+@pytest.mark.parametrize(
+    ("per_batch", "ratio"),
+    [
+        ({0: [1.0, 1.0, 1.0, 1.0]}, 1.0),  # even slots: the batch takes the mean
+        ({0: [2.0, 0.0]}, 2.0),  # one idle slot of two doubles the time
+        ({0: [3.0, 1.0], 1: [1.0, 1.0]}, (3.0 + 1.0) / (2.0 + 1.0)),  # sums over batches, not a mean of ratios
+        ({}, None),  # nothing timed
+        ({0: [0.0, 0.0]}, None),  # tasks that took no time
+    ],
+)
+def test_makespan_ratio(per_batch, ratio):
+    assert makespan_ratio(per_batch) == (pytest.approx(ratio, abs=1e-4) if ratio is not None else None)
