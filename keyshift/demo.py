@@ -12,9 +12,39 @@ import logging
 from typing import Any
 
 from keyshift.names import FLIGHT_TOPICS, FLIGHTS_TOPIC
+from keyshift.processing.flight_delays import LEARNED_STRATEGIES
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+LEARN_FRACTION = 0.1
+"""A learned strategy learns from the first 10 % of the flights, as a live system would."""
+
+
+def publish_learned_assignment(settings: Settings, topic: str, strategy: str, partitions: int, limit: int | None):
+    """Learn `strategy` (least_key or least_count, paper 000 Algorithm 1) from the origin counts of
+    the first `LEARN_FRACTION` of the flights, publish it in Redis under `topic` (a new epoch)
+    and return the producers' cached view of it. Keys first seen later are placed by the store's
+    atomic assign when the replay meets them.
+
+    Raises:
+        StackError: Redis unreachable. DataError: the flights are not fetched.
+    """
+    import pandas as pd
+
+    from keyshift.data.flights import flights_path
+    from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment
+    from keyshift.placement.strategies import strategy_by_name
+
+    origins = pd.read_parquet(flights_path(settings), columns=["origin"])["origin"]
+    head = origins.iloc[: max(1, int((limit or len(origins)) * LEARN_FRACTION))]
+    counts = head.value_counts().reindex(pd.unique(head))  # arrival order, for least_key
+    learned = type(strategy_by_name(strategy, partitions)).from_counts({k: int(v) for k, v in counts.items()}, partitions)
+    store = AssignmentStore.from_settings(settings, topic)
+    epoch = store.publish(strategy, partitions, learned.assignment, learned.loads)
+    log.info("%s learned from %d flights (%d keys), published for %s as epoch %d", strategy, len(head), len(counts), topic, epoch)
+    return CachedAssignment(store)
 
 
 def run_demo(
@@ -32,7 +62,8 @@ def run_demo(
 
     Args:
         settings: the local stack. run_id: names runs/<run_id>/.
-        partitions: P slots. strategy: placement strategy name.
+        partitions: P slots. strategy: placement strategy name; least_key and least_count are
+            learned from the first 10 % of the flights and shared through Redis.
         limit: flights to replay (None: all 3,000,000). rate: replay rate, events/s (None: max).
         bound_ms: watermark bound, ms of event time.
         max_offsets_per_trigger: records per micro-batch at most.
@@ -55,7 +86,10 @@ def run_demo(
 
     log.info("demo %s: creating topics %s with %d partitions", run_id, ", ".join(FLIGHT_TOPICS), partitions)
     create_topics(settings, FLIGHT_TOPICS, partitions, recreate=True)
-    replay = replay_flights(settings, FLIGHTS_TOPIC, limit=limit, rate=rate, strategy=strategy, partitions=partitions)
+    placer = strategy
+    if strategy in LEARNED_STRATEGIES:
+        placer = publish_learned_assignment(settings, FLIGHTS_TOPIC, strategy, partitions, limit)
+    replay = replay_flights(settings, FLIGHTS_TOPIC, limit=limit, rate=rate, strategy=placer, partitions=partitions)
     log.info("demo %s: replayed %d flights", run_id, replay.events_produced)
 
     spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, spark_conf(partitions, jars=connector_jars(settings)))

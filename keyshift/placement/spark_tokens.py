@@ -35,3 +35,33 @@ def token_lookup(strategy_name: str, partitions: int):
         return token
 
     return token_of, tokens
+
+
+def assignment_token_lookup(mapping: dict[str, int], partitions: int, redis_url: str, store_name: str):
+    """(token_of, tokens) for a learned assignment read from the shared store at job start.
+
+    Keys in `mapping` (key -> slot) resolve locally; a key the store did not hold then is placed by
+    the store's atomic assign (paper 000 Algorithm 1 on the Redis server), so every executor and
+    every producer agree on its slot.
+
+    Raises:
+        StackError: Redis unreachable when an unknown key must be assigned.
+    """
+    tokens = np.asarray(slot_tokens(partitions), dtype=np.int32)
+    cache = {key: int(tokens[slot]) for key, slot in mapping.items()}
+    store = None
+
+    def token_of(key: str) -> int:
+        nonlocal store
+        token = cache.get(key)
+        if token is None:
+            if store is None:
+                import redis
+
+                from keyshift.placement.assignment_store import AssignmentStore
+
+                store = AssignmentStore(redis.Redis.from_url(redis_url), store_name)
+            token = cache[key] = int(tokens[store.assign(key, observe_known=False)])
+        return token
+
+    return token_of, tokens

@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import makespan_ratio, stateful_task_seconds
-from keyshift.processing.flight_delays import FlightDelayJobConfig, check_job_strategy, flight_delay_stream
+from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
@@ -251,6 +251,8 @@ def run_flight_delays(
         target = _wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s) if config.limit else None
         if target is not None:
             config = replace(config, end_offsets=target)
+        if config.strategy in LEARNED_STRATEGIES:
+            config = _with_learned_assignment(settings, config)
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
@@ -354,6 +356,26 @@ def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settin
         if target is not None and time.monotonic() - last_activity > config.idle_timeout_s:
             raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
         time.sleep(0.5)
+
+
+def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -> FlightDelayJobConfig:
+    """`config` with the assignment and epoch published in Redis under the input topic's name.
+
+    Raises:
+        ConfigurationError: the published assignment is another strategy's, for another P, or
+            per bucket (the job places keys).
+        PlacementError: nothing is published under the topic's name.
+    """
+    from keyshift.placement.assignment_store import AssignmentStore
+
+    snapshot = AssignmentStore.from_settings(settings, config.topic).snapshot()
+    if snapshot["strategy"] != config.strategy or snapshot["partitions"] != config.partitions or snapshot["buckets"]:
+        raise ConfigurationError(
+            f"the assignment published for {config.topic!r} is {snapshot['strategy']} over {snapshot['partitions']} slots"
+            f" (buckets {snapshot['buckets']}); the job asks for {config.strategy} over {config.partitions} slots per key"
+        )
+    log.info("run %s: %s assignment of %d keys, epoch %d, from Redis", config.run_id, config.strategy, len(snapshot["mapping"]), snapshot["epoch"])
+    return replace(config, assignment=dict(snapshot["mapping"]), epoch=int(snapshot["epoch"]), redis_url=settings.redis_url)
 
 
 def _task_time_summary(spark: SparkSession, query_name: str, partitions: int) -> dict[str, Any]:

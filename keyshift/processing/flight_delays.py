@@ -26,23 +26,25 @@ from keyshift.processing.records import parse_flight_records
 
 EVENT_TIME_COLUMN = "event_ts"
 
-JOB_STRATEGIES = ("hash", "modulo")
-"""Strategies the job can run: each executor rebuilds the strategy, so only rules that are a pure
-function of the key place a key on the same slot everywhere. History-based strategies
-(least_key, least_count, weight with random landing, hot_split) need the shared assignment in
-Redis first."""
+RULE_STRATEGIES = ("hash", "modulo")
+"""Strategies each executor can compute itself: a pure function of the key."""
+LEARNED_STRATEGIES = ("least_key", "least_count")
+"""Strategies with a history map (paper 000 Algorithm 1): the job reads the assignment published
+in Redis under the input topic's name (`keyshift.placement.assignment_store`) at start, so
+every executor and every producer place a key on the same slot."""
+JOB_STRATEGIES = RULE_STRATEGIES + LEARNED_STRATEGIES
 
 
 def check_job_strategy(name: str) -> str:
     """Return `name` if the job can place keys with it.
 
     Raises:
-        ConfigurationError: for a strategy whose assignment would differ between executors.
+        ConfigurationError: for a strategy whose assignment would differ between executors
+            (weight with random landing, hot_split, which needs a merge step not built yet).
     """
     if name not in JOB_STRATEGIES:
         raise ConfigurationError(
-            f"the flight delay job cannot use strategy {name!r} yet: it needs the shared assignment "
-            f"store in Redis; use one of {', '.join(JOB_STRATEGIES)}"
+            f"the flight delay job cannot use strategy {name!r}; use one of {', '.join(JOB_STRATEGIES)}"
         )
     return name
 
@@ -80,6 +82,8 @@ class FlightDelayJobConfig:
     limit: int | None = None
     idle_timeout_s: float = 300.0
     end_offsets: dict[int, int] | None = None
+    assignment: dict[str, int] | None = None
+    redis_url: str | None = None
 
 
 def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | None) -> DataFrame:
@@ -133,7 +137,11 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> 
         .drop(EVENT_TIME_COLUMN, "is_control", "control_run_id")
     )
     partials = events.select(*INPUT_COLUMNS).mapInPandas(
-        local_merge_function(config.strategy, config.partitions, config.window_ms), PARTIAL_SCHEMA
+        local_merge_function(
+            config.strategy, config.partitions, config.window_ms, config.assignment,
+            (config.redis_url, config.topic) if config.assignment is not None else None,
+        ),
+        PARTIAL_SCHEMA,
     )
     return (
         partials.groupBy("token")

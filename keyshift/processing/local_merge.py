@@ -20,7 +20,7 @@ import pandas as pd
 from pyspark.sql import types as T
 
 from keyshift.eventtime.windows import window_starts_ms
-from keyshift.placement.spark_tokens import token_lookup
+from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.processing.records import PARSED_COLUMNS
 
 PARTIAL_SCHEMA = T.StructType(
@@ -122,17 +122,30 @@ def partials_of(events: pd.DataFrame, token_of, tokens: np.ndarray, window_ms: i
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
-def local_merge_function(strategy_name: str, partitions: int, window_ms: int):
+def local_merge_function(
+    strategy_name: str,
+    partitions: int,
+    window_ms: int,
+    assignment: dict[str, int] | None = None,
+    store: tuple[str, str] | None = None,
+):
     """The `mapInPandas` function: a Spark partition of parsed records -> its partials.
 
     The Kafka source gives each Spark partition one Kafka partition's slice of the micro-batch,
     so every event of a partial shares its `kafka_partition`; the slice (at most
     `maxOffsetsPerTrigger` records) is aggregated at once. The processor merges partials of the
     same window from different micro-batches, so how input is cut changes speed, never results.
+
+    With `assignment` (key -> slot, a learned strategy's map read from Redis at job start) and
+    `store` ((redis_url, assignment name) for keys it lacks), slots come from that shared
+    assignment instead of a rule the executor computes itself.
     """
 
     def merge(chunks: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        token_of, tokens = token_lookup(strategy_name, partitions)
+        if assignment is not None:
+            token_of, tokens = assignment_token_lookup(assignment, partitions, *store)
+        else:
+            token_of, tokens = token_lookup(strategy_name, partitions)
         frames = [chunk for chunk in chunks if len(chunk)]
         if frames:
             yield partials_of(pd.concat(frames, ignore_index=True), token_of, tokens, window_ms)
