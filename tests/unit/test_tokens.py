@@ -56,3 +56,13 @@ def test_tokens_match_spark_sql(spark):
             "token", f"pmod(hash(token), {partitions}) AS partition"
         ).collect()
         assert [row.partition for row in rows] == list(range(partitions))
+
+
+def test_learned_assignment_tokens_follow_the_published_map():
+    """A learned assignment's keys get their published slot's token, without Redis."""
+    from keyshift.placement.spark_tokens import assignment_token_lookup
+
+    token_of, tokens = assignment_token_lookup({"ORD": 3, "LGA": 0}, 8, "redis://127.0.0.1:1/0", "flights")
+    assert token_of("ORD") == slot_tokens(8)[3]
+    assert token_of("LGA") == slot_tokens(8)[0]
+    assert list(tokens) == list(slot_tokens(8))
