@@ -54,7 +54,7 @@ def run_demo(
     strategy: str = "hash",
     limit: int | None = None,
     rate: float | None = None,
-    bound_ms: int = 86_400_000,
+    bound_ms: int = 172_800_000,
     max_offsets_per_trigger: int = 250_000,
     builtin: bool = True,
 ) -> dict[str, Any]:
