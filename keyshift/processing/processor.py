@@ -28,7 +28,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from keyshift.eventtime.windows import HOUR_MS, window_starts_ms
+from keyshift.eventtime.windows import HOUR_MS
 
 KIND_WINDOW = "window"
 KIND_LATE = "late"

@@ -99,7 +99,6 @@ class FlightDelaySink:
         self.producer = producer
         self.counters = RunCounters(per_slot_events=[0] * partitions)
         self.batch_slot_events: dict[int, list[int]] = {}
-        self.batch_partition_ids: dict[int, dict[int, int]] = {}
         self.last_batch_id = -1
         self._lock = threading.Lock()
 
@@ -113,10 +112,8 @@ class FlightDelaySink:
         dead = by_kind.get(KIND_DEAD_LETTER, out.iloc[0:0])
 
         slot_events = [0] * self.partitions
-        partition_ids: dict[int, int] = {}
-        for slot, count, partition_id in zip(loads["slot"], loads["count"], loads["partition_id"]):
+        for slot, count in zip(loads["slot"], loads["count"]):
             slot_events[int(slot)] += int(count)
-            partition_ids[int(slot)] = int(partition_id)
 
         if len(windows):
             self._write_windows(windows, batch_id)
@@ -138,7 +135,6 @@ class FlightDelaySink:
             c.per_slot_events = [a + b for a, b in zip(c.per_slot_events, slot_events)]
             self.batch_slot_events[batch_id] = slot_events
             self.last_batch_id = max(self.last_batch_id, batch_id)
-            self.batch_partition_ids[batch_id] = partition_ids
         log.info(
             "batch %d: processed %d events, %d windows, %d late, %d dead letters",
             batch_id, sum(slot_events), len(windows), len(late), len(dead),
