@@ -374,8 +374,16 @@ def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -
             f"the assignment published for {config.topic!r} is {snapshot['strategy']} over {snapshot['partitions']} slots"
             f" (buckets {snapshot['buckets']}); the job asks for {config.strategy} over {config.partitions} slots per key"
         )
-    log.info("run %s: %s assignment of %d keys, epoch %d, from Redis", config.run_id, config.strategy, len(snapshot["mapping"]), snapshot["epoch"])
-    return replace(config, assignment=dict(snapshot["mapping"]), epoch=int(snapshot["epoch"]), redis_url=settings.redis_url)
+    split = {key: tuple(slots) for key, slots in (snapshot.get("split") or {}).items()}
+    log.info(
+        "run %s: %s assignment of %d keys (%d split: %s), epoch %d, from Redis",
+        config.run_id, config.strategy, len(snapshot["mapping"]), len(split),
+        ", ".join(f"{key} on {list(slots)}" for key, slots in sorted(split.items())) or "none", snapshot["epoch"],
+    )
+    return replace(
+        config, assignment=dict(snapshot["mapping"]), epoch=int(snapshot["epoch"]), redis_url=settings.redis_url,
+        split=split or None,
+    )
 
 
 def _task_time_summary(spark: SparkSession, query_name: str, partitions: int) -> dict[str, Any]:
@@ -424,6 +432,8 @@ def build_summary(
         "alerts": counters.alerts,
         "late_events": counters.late_events,
         "dead_letters": counters.dead_letters,
+        "split_keys": {key: list(slots) for key, slots in sorted((config.split or {}).items())},
+        "merged_window_pieces": counters.merged_window_pieces,
         "pending_events": pending,
         "reconciled": events_read == counters.accounted_events + pending,
         "per_slot_events": counters.per_slot_events,

@@ -28,10 +28,11 @@ EVENT_TIME_COLUMN = "event_ts"
 
 RULE_STRATEGIES = ("hash", "modulo")
 """Strategies each executor can compute itself: a pure function of the key."""
-LEARNED_STRATEGIES = ("least_key", "least_count")
-"""Strategies with a history map (paper 000 Algorithm 1): the job reads the assignment published
-in Redis under the input topic's name (`keyshift.placement.assignment_store`) at start, so
-every executor and every producer place a key on the same slot."""
+LEARNED_STRATEGIES = ("least_key", "least_count", "hot_split")
+"""Strategies with a history map (paper 000 Algorithm 1; hot_split, ours, also splits hot keys):
+the job reads the assignment published in Redis under the input topic's name
+(`keyshift.placement.assignment_store`) at start, so every executor and every producer place a
+key on the same slot (a split key's event on the same piece's slot)."""
 JOB_STRATEGIES = RULE_STRATEGIES + LEARNED_STRATEGIES
 
 
@@ -39,8 +40,8 @@ def check_job_strategy(name: str) -> str:
     """Return `name` if the job can place keys with it.
 
     Raises:
-        ConfigurationError: for a strategy whose assignment would differ between executors
-            (weight with random landing, hot_split, which needs a merge step not built yet).
+        ConfigurationError: for a strategy the job does not place with (weight: its random
+            landing would differ between executors).
     """
     if name not in JOB_STRATEGIES:
         raise ConfigurationError(
@@ -55,7 +56,7 @@ class FlightDelayJobConfig:
 
     Attributes:
         run_id: names the run's folder `runs/<run_id>/` and its Redis records.
-        strategy: placement strategy name (`hash` for now).
+        strategy: placement strategy name, one of `JOB_STRATEGIES`.
         partitions: P slots = Kafka partitions of the input = Spark shuffle partitions.
         epoch: the assignment epoch in force, written on every window.
         bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
@@ -69,6 +70,10 @@ class FlightDelayJobConfig:
         end_offsets: a bounded run's end, partition -> offset (exclusive), set by the driver
             once the input is there: records at or past it belong to someone else's later
             replay and are ignored, so a run reads exactly [start, end) plus its own markers.
+        assignment: a learned strategy's key -> slot map (its first slot for a split key), read
+            from Redis at start; None for a rule strategy.
+        redis_url: where executors ask the store's atomic assign for keys `assignment` lacks.
+        split: hot_split's split keys -> their slots (two or more; piece i on element i).
     """
 
     run_id: str
@@ -84,6 +89,7 @@ class FlightDelayJobConfig:
     end_offsets: dict[int, int] | None = None
     assignment: dict[str, int] | None = None
     redis_url: str | None = None
+    split: dict[str, tuple[int, ...]] | None = None
 
 
 def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | None) -> DataFrame:
@@ -140,6 +146,7 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> 
         local_merge_function(
             config.strategy, config.partitions, config.window_ms, config.assignment,
             (config.redis_url, config.topic) if config.assignment is not None else None,
+            config.split,
         ),
         PARTIAL_SCHEMA,
     )

@@ -1,4 +1,4 @@
-"""Local Merge: partial window aggregates per (origin, window) before the shuffle.
+"""Local Merge: partial window aggregates per (origin, window, slot) before the shuffle.
 
 Paper 000 §4.3 (Local Merge) pre-aggregates on the sending side so that the keyed exchange
 carries partials instead of events. Here it also decides each row's slot token, so the events
@@ -9,11 +9,12 @@ it receives, and a micro-batch of 250,000 flights becomes about 40,000 partials.
 Every event stays traceable: a partial carries the event ids, times, delays, destinations,
 distances and Kafka offsets of its events as lists, which the processor unpacks only when the
 partial turns out to be late (its window already closed). Dead letters pass through one row each.
+A key split by hot_split yields one partial per (window, piece), each with its piece's slot token.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -51,7 +52,48 @@ INPUT_COLUMNS = tuple(c for c in PARSED_COLUMNS if c not in ("is_control", "cont
 """Columns `local_merge` reads (from `keyshift.processing.records.parse_flight_records`)."""
 
 
-def partials_of(events: pd.DataFrame, token_of, tokens: np.ndarray, window_ms: int) -> pd.DataFrame:
+def row_tokens(
+    origin_codes: np.ndarray,
+    origin_names: Sequence[str],
+    event_ids: np.ndarray,
+    token_of,
+    split_tokens: Mapping[str, np.ndarray] | None = None,
+) -> np.ndarray:
+    """The slot token of every event: its key's token, or for a split key the token of its piece.
+
+    A split key (hot_split) with slots (s_0, ..., s_{k-1}) sends event `event_id` to slot
+    s_(event_id mod k): the rule the replay places Kafka records by, so a split key's records
+    reach the stateful slot of the partition they were written to (Ahead KeyBy).
+
+    Args:
+        origin_codes: int array, one code per event, indexing `origin_names` (`pd.factorize`).
+        origin_names: the distinct keys.
+        event_ids: int64 array of the events' ids (>= 0).
+        token_of: key -> slot token for a key placed whole.
+        split_tokens: split key -> int32 array of its slots' tokens (piece i on element i), or None.
+
+    Returns:
+        An int32 array of tokens, one per event.
+    """
+    per_key = np.array([token_of(name) for name in origin_names], dtype=np.int32)
+    result = per_key[origin_codes]
+    if split_tokens:
+        for code, name in enumerate(origin_names):
+            pieces = split_tokens.get(name)
+            if pieces is None:
+                continue
+            mine = origin_codes == code
+            result[mine] = pieces[event_ids[mine] % len(pieces)]
+    return result
+
+
+def partials_of(
+    events: pd.DataFrame,
+    token_of,
+    tokens: np.ndarray,
+    window_ms: int,
+    split_tokens: Mapping[str, np.ndarray] | None = None,
+) -> pd.DataFrame:
     """Partial aggregates of one chunk of parsed records.
 
     Args:
@@ -59,11 +101,13 @@ def partials_of(events: pd.DataFrame, token_of, tokens: np.ndarray, window_ms: i
         token_of: key -> slot token (`keyshift.placement.spark_tokens.token_lookup`).
         tokens: slot -> token array; a dead letter goes to `tokens[kafka_partition mod P]`.
         window_ms: tumbling window size, ms of event time.
+        split_tokens: hot_split's split keys -> their slots' tokens (see `row_tokens`); a split
+            key gets one partial per (window, piece), each on its piece's slot.
 
     Returns:
-        A frame of `PARTIAL_COLUMNS`: one row per (origin, window start) present, with count,
-        sum and max of `delay_min` and the lists of its events' fields, plus one row per dead
-        letter. Σ `count` = rows of `events`.
+        A frame of `PARTIAL_COLUMNS`: one row per (origin, window start, token) present, with
+        count, sum and max of `delay_min` and the lists of its events' fields, plus one row per
+        dead letter. Σ `count` = rows of `events`.
     """
     rejected = events["dead_letter_reason"].notna().to_numpy()
     frames = []
@@ -86,9 +130,13 @@ def partials_of(events: pd.DataFrame, token_of, tokens: np.ndarray, window_ms: i
         origins = valid["origin"].to_numpy()
         starts = window_starts_ms(valid["event_time_ms"].to_numpy(np.int64), window_ms)
         origin_codes, origin_names = pd.factorize(origins)
-        order = np.lexsort((starts, origin_codes))
-        codes_sorted, starts_sorted = origin_codes[order], starts[order]
-        boundary = np.flatnonzero((np.diff(codes_sorted) != 0) | (np.diff(starts_sorted) != 0)) + 1
+        event_ids = valid["event_id"].to_numpy(np.int64)
+        event_tokens = row_tokens(origin_codes, origin_names, event_ids, token_of, split_tokens)
+        order = np.lexsort((event_tokens, starts, origin_codes))
+        codes_sorted, starts_sorted, tokens_sorted = origin_codes[order], starts[order], event_tokens[order]
+        boundary = np.flatnonzero(
+            (np.diff(codes_sorted) != 0) | (np.diff(starts_sorted) != 0) | (np.diff(tokens_sorted) != 0)
+        ) + 1
         first = np.concatenate(([0], boundary))
         delays = valid["delay_min"].to_numpy(np.int64)[order]
         group_origins = origin_names[codes_sorted[first]]
@@ -99,13 +147,13 @@ def partials_of(events: pd.DataFrame, token_of, tokens: np.ndarray, window_ms: i
         frames.append(
             pd.DataFrame(
                 {
-                    "token": np.array([token_of(o) for o in origin_names], dtype=np.int32)[codes_sorted[first]],
+                    "token": tokens_sorted[first],
                     "origin": group_origins,
                     "window_start_ms": starts_sorted[first],
                     "count": np.diff(np.concatenate((first, [len(order)]))),
                     "sum_delay_min": np.add.reduceat(delays, first),
                     "max_delay_min": np.maximum.reduceat(delays, first),
-                    "event_ids": lists(valid["event_id"].to_numpy(np.int64)),
+                    "event_ids": lists(event_ids),
                     "event_times_ms": lists(valid["event_time_ms"].to_numpy(np.int64)),
                     "delays_min": np.split(delays, boundary),
                     "distances_mi": lists(valid["distance_mi"].to_numpy(np.int64)),
@@ -128,6 +176,7 @@ def local_merge_function(
     window_ms: int,
     assignment: dict[str, int] | None = None,
     store: tuple[str, str] | None = None,
+    split: Mapping[str, Sequence[int]] | None = None,
 ):
     """The `mapInPandas` function: a Spark partition of parsed records -> its partials.
 
@@ -138,7 +187,9 @@ def local_merge_function(
 
     With `assignment` (key -> slot, a learned strategy's map read from Redis at job start) and
     `store` ((redis_url, assignment name) for keys it lacks), slots come from that shared
-    assignment instead of a rule the executor computes itself.
+    assignment instead of a rule the executor computes itself. With `split` (hot_split: key ->
+    its slots, two or more), a split key's events are spread over its slots by `row_tokens`; the
+    sink merges the key's windows from those slots before writing them.
     """
 
     def merge(chunks: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -146,8 +197,9 @@ def local_merge_function(
             token_of, tokens = assignment_token_lookup(assignment, partitions, *store)
         else:
             token_of, tokens = token_lookup(strategy_name, partitions)
+        split_tokens = {key: tokens[list(slots)] for key, slots in (split or {}).items()}
         frames = [chunk for chunk in chunks if len(chunk)]
         if frames:
-            yield partials_of(pd.concat(frames, ignore_index=True), token_of, tokens, window_ms)
+            yield partials_of(pd.concat(frames, ignore_index=True), token_of, tokens, window_ms, split_tokens)
 
     return merge

@@ -40,6 +40,20 @@ ALERT_MIN_MEAN_DELAY_MIN = 30.0
 ALERT_MIN_COUNT = 5
 """... over at least this many flights."""
 
+
+
+def window_alerts(means: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Which windows alert: mean delay >= `ALERT_MIN_MEAN_DELAY_MIN` over >= `ALERT_MIN_COUNT` flights.
+
+    Args:
+        means: float array, mean delay of each window (minutes). counts: int array, flights per window.
+
+    Returns:
+        A bool array, one per window.
+    """
+    return (np.asarray(means) >= ALERT_MIN_MEAN_DELAY_MIN) & (np.asarray(counts) >= ALERT_MIN_COUNT)
+
+
 OUTPUT_SCHEMA = T.StructType(
     [
         T.StructField("kind", T.StringType(), False),
@@ -287,7 +301,7 @@ class FlightDelayProcessor(StatefulProcessor):
                 "sum_delay_min": sums,
                 "max_delay_min": np.concatenate(maxes_out),
                 "mean_delay_min": means,
-                "alert": (means >= ALERT_MIN_MEAN_DELAY_MIN) & (counts >= ALERT_MIN_COUNT),
+                "alert": window_alerts(means, counts),
                 "watermark_ms": [watermark_ms] * n,
             },
         )

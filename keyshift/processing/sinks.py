@@ -8,6 +8,12 @@ per-slot loads: small next to the input) to the driver once, then
 - sends alerts to `flight-delay-alerts`, late events to `flights-late` and dead letters with their
   reason to `flights-dead-letter` (JSON values, acks=all, flushed before the batch commits);
 - adds to the run's counters and keeps each batch's per-slot processed events.
+
+A key that hot_split spread over several slots closes each window on every slot that holds a
+piece of it, all in the same micro-batch (the watermark, and so every event-time timer, is one
+per batch). `merge_split_windows` folds those pieces into one window (counts and sums add, max
+maxes, mean and alert recomputed) before anything is written or alerted, so the windows table is
+what a single-slot placement gives.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
-from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WINDOW
+from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WINDOW, window_alerts
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +65,47 @@ WINDOW_TABLE_SCHEMA = pa.schema(
 )
 
 
+def merge_split_windows(windows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Merge the pieces of split keys' windows: one row per (origin, window_start_ms).
+
+    Args:
+        windows: `window` rows of one micro-batch (`keyshift.processing.processor.OUTPUT_SCHEMA`
+            columns); a window of a key split over k slots appears up to k times, one per slot.
+
+    Returns:
+        (windows with one row per window, pieces merged away: input rows - output rows). A merged
+        window has count and sum_delay_min summed, max_delay_min the max, mean_delay_min and
+        alert recomputed (`window_alerts`), and `slot` the lowest slot that held a piece; the
+        other columns come from that piece. Rows of unsplit windows are returned unchanged.
+    """
+    if windows.empty:
+        return windows, 0
+    duplicated = windows.duplicated(["origin", "window_start_ms"], keep=False).to_numpy()
+    if not duplicated.any():
+        return windows, 0
+    pieces = windows[duplicated].sort_values(["origin", "window_start_ms", "slot"], kind="stable")
+    grouped = pieces.groupby(["origin", "window_start_ms"], sort=False)
+    merged = grouped.first().reset_index()
+    merged["count"] = grouped["count"].sum().to_numpy()
+    merged["sum_delay_min"] = grouped["sum_delay_min"].sum().to_numpy()
+    merged["max_delay_min"] = grouped["max_delay_min"].max().to_numpy()
+    merged["mean_delay_min"] = merged["sum_delay_min"] / merged["count"]
+    merged["alert"] = window_alerts(merged["mean_delay_min"].to_numpy(), merged["count"].to_numpy())
+    result = pd.concat([windows[~duplicated], merged[windows.columns]], ignore_index=True)
+    return result, len(pieces) - len(merged)
+
+
 @dataclass
 class RunCounters:
-    """Totals of one run, in events (windows for `windows_emitted`)."""
+    """Totals of one run, in events (windows for `windows_emitted`; `merged_window_pieces`:
+    window rows of split keys folded into another slot's row by `merge_split_windows`)."""
 
     windows_emitted: int = 0
     sum_window_counts: int = 0
     alerts: int = 0
     late_events: int = 0
     dead_letters: int = 0
+    merged_window_pieces: int = 0
     processed_events: int = 0
     per_slot_events: list[int] = field(default_factory=list)
     batches: int = 0
@@ -110,6 +148,7 @@ class FlightDelaySink:
         windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])
         late = by_kind.get(KIND_LATE, out.iloc[0:0])
         dead = by_kind.get(KIND_DEAD_LETTER, out.iloc[0:0])
+        windows, merged_pieces = merge_split_windows(windows)
 
         slot_events = [0] * self.partitions
         for slot, count in zip(loads["slot"], loads["count"]):
@@ -131,13 +170,14 @@ class FlightDelaySink:
             c.alerts += int(windows["alert"].astype(bool).sum()) if len(windows) else 0
             c.late_events += len(late)
             c.dead_letters += len(dead)
+            c.merged_window_pieces += merged_pieces
             c.processed_events += sum(slot_events)
             c.per_slot_events = [a + b for a, b in zip(c.per_slot_events, slot_events)]
             self.batch_slot_events[batch_id] = slot_events
             self.last_batch_id = max(self.last_batch_id, batch_id)
         log.info(
-            "batch %d: processed %d events, %d windows, %d late, %d dead letters",
-            batch_id, sum(slot_events), len(windows), len(late), len(dead),
+            "batch %d: processed %d events, %d windows (%d split pieces merged), %d late, %d dead letters",
+            batch_id, sum(slot_events), len(windows), merged_pieces, len(late), len(dead),
         )
 
     def _write_windows(self, windows: pd.DataFrame, batch_id: int) -> None:
