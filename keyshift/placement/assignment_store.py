@@ -1,13 +1,14 @@
 """The shared assignment and its epoch, in Redis: one answer per key for every producer.
 
 DESIGN.md makes Redis the coordinator (paper 000's history assignment map and dynamic
-configuration centre). One **assignment** (e.g. one per input topic, named after it) is three
+configuration centre). One **assignment** (e.g. one per input topic, named after it) is four
 Redis hashes under the prefix `keyshift:assignment:<name>` (`assignment_keys`):
 
 | key | fields | meaning |
 | --- | --- | --- |
-| `...:map` | unit -> slot | the history assignment map; a unit is the key itself, or its bucket `bucket_of(key, B)` written in decimal when the assignment is per bucket |
-| `...:loads` | slot -> load | S of paper 000 Algorithm 1, one int per slot `0..P-1` (keys for least_key, events for least_count) |
+| `...:map` | unit -> slot | the history assignment map; a unit is the key itself, or its bucket `bucket_of(key, B)` written in decimal when the assignment is per bucket; a split unit's FIRST slot |
+| `...:split` | unit -> slots | hot_split only: each unit spread over more than one slot, its slots as comma-separated decimal text in piece order (`"3,5"`: piece 0 on slot 3, piece 1 on slot 5); the first equals the unit's `...:map` slot; absent (empty) for every other strategy |
+| `...:loads` | slot -> load | S of paper 000 Algorithm 1, one int per slot `0..P-1` (keys for least_key, events for least_count and hot_split) |
 | `...:meta` | strategy, partitions, epoch, buckets, published_at | the strategy name that built it, P, the epoch in force, B (`0` = per key), Unix seconds of the last publish |
 
 and one pub/sub channel `keyshift:assignment:<name>:epoch`, on which every publish sends the new
@@ -15,14 +16,21 @@ epoch (decimal text).
 
 Two writers, both atomic on the Redis server:
 
-* `AssignmentStore.publish` replaces the whole assignment (map, loads, meta) in one MULTI/EXEC
+* `AssignmentStore.publish` replaces the whole assignment (map, split, loads, meta) in one MULTI/EXEC
   transaction, under WATCH of the meta hash, with a strictly larger epoch, and PUBLISHes that
   epoch in the same transaction. A reader never sees half of two assignments.
 * `AssignmentStore.assign` places one new key with a Lua script (`ASSIGN_SCRIPT`), Algorithm 1
   run on the server: a unit already in the map keeps its slot; else the least-loaded slot (ties
   to the lowest index) is recorded and its load raised. Redis runs a script alone, so several
   producers assigning the same new key at once all receive the same slot. Placing a new key never
-  moves a known one, so `assign` never changes the epoch.
+  moves a known one, so `assign` never changes the epoch. The script reads and writes `...:map`
+  only, so a new key is placed whole (on one slot) even under hot_split; a key is split only by
+  a publish (a new epoch).
+
+Records of a split unit are placed per event, not per key: the event with id `event_id` goes
+to `slots[event_id % k]` (k = number of slots): `HotSplitStrategy.slot_for_event` with the event
+id as the sequence number. The replayer and the job apply the same rule, so every record of a
+split key lands in the Kafka partition equal to its Spark slot.
 
 Producers read through `CachedAssignment`, a `Strategy` that memoizes slots per unit and learns
 of a new epoch by **polling** the epoch (one HGET every `poll_seconds`, checked on the calling
@@ -60,6 +68,9 @@ from keyshift.settings import Settings
 RULES: tuple[str, ...] = ("least_key", "least_count")
 """The Algorithm 1 rules the server-side assign applies (paper 000 §4.2.1 (2) and (3))."""
 
+SPLIT_STRATEGY = "hot_split"
+"""The one strategy whose published assignment may spread a unit over several slots."""
+
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -68,18 +79,21 @@ class AssignmentKeys:
     """The Redis names of one assignment (see the module docstring for their contents).
 
     Attributes:
-        map: hash unit -> slot. loads: hash slot -> load. meta: hash of the assignment's facts.
-        channel: pub/sub channel carrying each newly published epoch.
+        map: hash unit -> slot (a split unit's first slot). loads: hash slot -> load.
+        meta: hash of the assignment's facts. channel: pub/sub channel carrying each newly
+        published epoch. split: hash unit -> comma-separated slots of the units spread over
+        more than one slot (hot_split).
     """
 
     map: str
     loads: str
     meta: str
     channel: str
+    split: str
 
 
 def assignment_keys(name: str) -> AssignmentKeys:
-    """The Redis key names of assignment `name`: `keyshift:assignment:<name>:{map,loads,meta,epoch}`.
+    """The Redis key names of assignment `name`: `keyshift:assignment:<name>:{map,split,loads,meta,epoch}`.
 
     Args:
         name: the assignment's name (e.g. the topic), letters, digits, `.`, `_`, `-` only (the
@@ -93,7 +107,9 @@ def assignment_keys(name: str) -> AssignmentKeys:
             f"assignment name must be letters, digits, '.', '_' or '-' (like a topic name), got {name!r}"
         )
     base = f"{REDIS_PREFIX}:assignment:{name}"
-    return AssignmentKeys(map=f"{base}:map", loads=f"{base}:loads", meta=f"{base}:meta", channel=f"{base}:epoch")
+    return AssignmentKeys(
+        map=f"{base}:map", loads=f"{base}:loads", meta=f"{base}:meta", channel=f"{base}:epoch", split=f"{base}:split"
+    )
 
 
 def resolve_rule(rule: str | None, strategy: str) -> str:
@@ -116,24 +132,58 @@ def _check_weight(weight: int) -> int:
     return weight
 
 
+def _unit_field(unit: Any, buckets: int | None) -> str:
+    """The hash field of one unit: the key itself (per key) or the bucket's decimal text."""
+    if buckets is None:
+        if not isinstance(unit, str):
+            raise PlacementError(f"a per-key assignment takes str keys, got {unit!r}")
+        return unit
+    try:
+        bucket = int(unit)
+    except (TypeError, ValueError):
+        raise PlacementError(f"a per-bucket assignment takes bucket numbers, got {unit!r}") from None
+    if isinstance(unit, bool) or not 0 <= bucket < buckets:
+        raise PlacementError(f"bucket {unit!r} outside 0..{buckets - 1}")
+    return str(bucket)
+
+
+def _slot_tuple(unit: Any, slots: Any, partitions: int) -> tuple[int, ...]:
+    """A unit's slots as a tuple: an int is one slot; a tuple or list is piece i on element i.
+
+    Raises:
+        PlacementError: no slot, a slot that is not an int in [0, P - 1], or one slot twice.
+    """
+    chosen = tuple(slots) if isinstance(slots, (tuple, list)) else (slots,)
+    if not chosen:
+        raise PlacementError(f"assignment gives {unit!r} no slot")
+    for slot in chosen:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < partitions:
+            raise PlacementError(f"assignment puts {unit!r} on slot {slot!r}, outside 0..{partitions - 1}")
+    if len(set(chosen)) != len(chosen):
+        raise PlacementError(f"assignment puts {unit!r} on slots {list(chosen)}: a slot may hold one piece of a unit")
+    return chosen
+
+
 def encode_assignment(
     partitions: int,
-    mapping: Mapping[Any, int],
+    mapping: Mapping[Any, int | Sequence[int]],
     loads: Sequence[int] | Mapping[int, int] | None,
     buckets: int | None,
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """Validate an assignment and turn it into the Redis hashes' fields (pure).
+    """Validate an assignment and turn it into the `...:map` and `...:loads` fields (pure).
 
     Args:
         partitions: P >= 1.
-        mapping: unit -> slot in [0, P - 1]; units are keys (str) when `buckets` is None, else
-            bucket numbers in [0, B - 1] (int, or their decimal text).
+        mapping: unit -> slot in [0, P - 1], or unit -> slots (a tuple or list of distinct
+            slots, piece i on element i, as `HotSplitStrategy.assignment`): the map field gets
+            the first slot (`encode_split` gives the rest). Units are keys (str) when `buckets`
+            is None, else bucket numbers in [0, B - 1] (int, or their decimal text).
         loads: one int >= 0 per slot (a sequence of P, or slot -> load with missing slots 0);
             None for all zeros.
         buckets: None (per key) or B >= 1.
 
     Returns:
-        (map fields unit -> slot, loads fields slot -> load), field names as text.
+        (map fields unit -> first slot, loads fields slot -> load), field names as text.
 
     Raises:
         PlacementError: naming the first bad unit, slot or load.
@@ -141,21 +191,9 @@ def encode_assignment(
     check_partitions(partitions)
     check_buckets(buckets)
     fields: dict[str, int] = {}
-    for unit, slot in mapping.items():
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < partitions:
-            raise PlacementError(f"assignment puts {unit!r} on slot {slot!r}, outside 0..{partitions - 1}")
-        if buckets is None:
-            if not isinstance(unit, str):
-                raise PlacementError(f"a per-key assignment takes str keys, got {unit!r}")
-            fields[unit] = slot
-        else:
-            try:
-                bucket = int(unit)
-            except (TypeError, ValueError):
-                raise PlacementError(f"a per-bucket assignment takes bucket numbers, got {unit!r}") from None
-            if isinstance(unit, bool) or not 0 <= bucket < buckets:
-                raise PlacementError(f"bucket {unit!r} outside 0..{buckets - 1}")
-            fields[str(bucket)] = slot
+    for unit, slots in mapping.items():
+        chosen = _slot_tuple(unit, slots, partitions)
+        fields[_unit_field(unit, buckets)] = chosen[0]
     if loads is None:
         per_slot = [0] * partitions
     elif isinstance(loads, Mapping):
@@ -172,6 +210,76 @@ def encode_assignment(
         if isinstance(load, bool) or not isinstance(load, int) or load < 0:
             raise PlacementError(f"load of slot {slot} must be an int >= 0, got {load!r}")
     return fields, {str(slot): load for slot, load in enumerate(per_slot)}
+
+
+def encode_split(
+    partitions: int,
+    mapping: Mapping[Any, int | Sequence[int]],
+    split: Mapping[Any, Sequence[int]] | None,
+    buckets: int | None,
+) -> dict[str, str]:
+    """The `...:split` fields of an assignment: unit -> its slots as `"3,5"`, split units only (pure).
+
+    A unit is split when it has two slots or more, given either as a tuple value in `mapping`
+    (`HotSplitStrategy.assignment` as it is) or in `split`, beside a `mapping` that holds its
+    first slot. A one-slot entry of `split` is allowed and means "not split".
+
+    Args:
+        partitions: P >= 1.
+        mapping: as for `encode_assignment`.
+        split: None, or unit -> slots (distinct, piece i on element i); every unit must be in
+            `mapping`, whose slot must equal the first of these.
+        buckets: None (per key) or B >= 1.
+
+    Returns:
+        field (unit text) -> comma-separated slots, e.g. {"ORD": "3,5"}; empty when no unit is
+        split.
+
+    Raises:
+        PlacementError: a slot out of range or given twice for one unit, a split unit missing
+            from `mapping` or whose first slot differs from the mapping's, or a unit given two
+            different slot lists.
+    """
+    check_partitions(partitions)
+    check_buckets(buckets)
+    first: dict[str, int] = {}
+    chosen_by_field: dict[str, tuple[int, ...]] = {}
+    for unit, slots in mapping.items():
+        chosen = _slot_tuple(unit, slots, partitions)
+        field = _unit_field(unit, buckets)
+        first[field] = chosen[0]
+        if len(chosen) > 1:
+            chosen_by_field[field] = chosen
+    for unit, slots in (split or {}).items():
+        chosen = _slot_tuple(unit, slots, partitions)
+        field = _unit_field(unit, buckets)
+        if field not in first:
+            raise PlacementError(f"split unit {unit!r} is not in the mapping; the mapping must hold its first slot")
+        if chosen[0] != first[field]:
+            raise PlacementError(
+                f"split unit {unit!r} starts on slot {chosen[0]} but the mapping puts it on slot {first[field]}; "
+                "the mapping must hold a split unit's first slot"
+            )
+        if field in chosen_by_field and chosen_by_field[field] != chosen:
+            raise PlacementError(
+                f"unit {unit!r} is given slots {list(chosen_by_field[field])} in the mapping and {list(chosen)} in split"
+            )
+        if len(chosen) > 1:
+            chosen_by_field[field] = chosen
+    return {field: ",".join(str(slot) for slot in chosen) for field, chosen in chosen_by_field.items()}
+
+
+def decode_split(text: str | bytes) -> tuple[int, ...]:
+    """A `...:split` field value back to slots: `"3,5"` -> (3, 5).
+
+    Raises:
+        PlacementError: for text that is not comma-separated decimal slots.
+    """
+    text = _text(text)
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except (AttributeError, ValueError):
+        raise PlacementError(f"split slots must be comma-separated integers like '3,5', got {text!r}") from None
 
 
 ASSIGN_SCRIPT = """
@@ -278,29 +386,35 @@ class AssignmentStore:
         epoch: int | None = None,
         *,
         buckets: int | None = None,
+        split: Mapping[Any, Sequence[int]] | None = None,
     ) -> int:
         """Replace the whole assignment atomically and announce its new epoch.
 
         One MULTI/EXEC transaction, under WATCH of the meta hash (retried if another publish
-        slipped in): deletes the old map and loads, writes the new ones and the meta, and
+        slipped in): deletes the old map, split and loads, writes the new ones and the meta, and
         PUBLISHes the new epoch on `keys.channel`. Readers and `assign` see the old assignment or
-        the new one, never a mix.
+        the new one, never a mix (a republish without split units leaves no old split behind).
 
         Args:
             strategy_name: the strategy that built it, one of `STRATEGY_NAMES`.
             partitions: P >= 1.
             mapping: unit -> slot (see `encode_assignment`), e.g. a least_* strategy's
-                `assignment`.
+                `assignment`; for hot_split also unit -> tuple of slots (piece i on slot i), so
+                `HotSplitStrategy.assignment` can be passed as it is.
             loads: per-slot loads S (keys or events), e.g. that strategy's `loads`; None = zeros.
             epoch: the new epoch; None = the current epoch + 1 (1 for the first publish). An
                 explicit epoch must exceed the current one, so epochs only grow.
             buckets: None (per key) or B >= 1 (mapping's units are buckets).
+            split: hot_split only: unit -> its slots, for units spread over two slots or more,
+                beside a `mapping` holding each one's first slot (see `encode_split`).
 
         Returns:
             The epoch now in force.
 
         Raises:
-            PlacementError: unknown strategy, bad assignment, or an epoch not above the current.
+            PlacementError: unknown strategy, bad assignment (a slot out of range or repeated
+                for one unit, a split unit whose first slot is not the mapping's), split units
+                under a strategy other than hot_split, or an epoch not above the current.
             StackError: Redis unreachable.
         """
         if strategy_name not in STRATEGY_NAMES:
@@ -308,6 +422,12 @@ class AssignmentStore:
         if epoch is not None:
             check_epoch(epoch)
         map_fields, load_fields = encode_assignment(partitions, mapping, loads, buckets)
+        split_fields = encode_split(partitions, mapping, split, buckets)
+        if split_fields and strategy_name != SPLIT_STRATEGY:
+            raise PlacementError(
+                f"strategy {strategy_name!r} places each unit on one slot, but {len(split_fields)} unit(s) have "
+                f"several (e.g. {next(iter(split_fields))!r}); publish them as {SPLIT_STRATEGY!r}"
+            )
         try:
             with self.client.pipeline(transaction=True) as pipe:
                 while True:
@@ -321,9 +441,11 @@ class AssignmentStore:
                                 f"epoch {new} of assignment {self.name!r} is not above the current epoch {current}"
                             )
                         pipe.multi()
-                        pipe.delete(self.keys.map, self.keys.loads)
+                        pipe.delete(self.keys.map, self.keys.split, self.keys.loads)
                         if map_fields:
                             pipe.hset(self.keys.map, mapping=map_fields)
+                        if split_fields:
+                            pipe.hset(self.keys.split, mapping=split_fields)
                         pipe.hset(self.keys.loads, mapping=load_fields)
                         pipe.hset(
                             self.keys.meta,
@@ -455,7 +577,10 @@ class AssignmentStore:
 
         Returns:
             {"name", "strategy", "partitions", "epoch", "buckets" (None per key),
-            "mapping": unit -> slot (units are str keys, or int buckets), "loads": [int] * P}.
+            "mapping": unit -> slot (units are str keys, or int buckets; a split unit's first
+            slot), "split": unit -> tuple of its slots (piece i on element i), only the units
+            spread over two slots or more (an empty dict unless the strategy is hot_split),
+            "loads": [int] * P}.
 
         Raises:
             PlacementError: nothing published. StackError: Redis unreachable.
@@ -465,7 +590,8 @@ class AssignmentStore:
                 pipe.hgetall(self.keys.meta)
                 pipe.hgetall(self.keys.map)
                 pipe.hgetall(self.keys.loads)
-                raw_meta, raw_map, raw_loads = pipe.execute()
+                pipe.hgetall(self.keys.split)
+                raw_meta, raw_map, raw_loads, raw_split = pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise self._unreachable(exc) from exc
         meta = self._parse_meta(raw_meta)
@@ -476,6 +602,10 @@ class AssignmentStore:
         for unit, slot in raw_map.items():
             text = _text(unit)
             mapping[int(text) if meta.buckets else text] = int(_text(slot))
+        split: dict[str | int, tuple[int, ...]] = {}
+        for unit, slots in raw_split.items():
+            text = _text(unit)
+            split[int(text) if meta.buckets else text] = decode_split(slots)
         return {
             "name": self.name,
             "strategy": meta.strategy,
@@ -483,27 +613,53 @@ class AssignmentStore:
             "epoch": meta.epoch,
             "buckets": meta.buckets,
             "mapping": mapping,
+            "split": split,
             "loads": loads,
         }
 
-    def delete(self) -> None:
-        """Remove the assignment's three hashes (the epoch restarts at 1 on the next publish)."""
+    def meta_and_split(self) -> tuple[AssignmentMeta, dict[str, tuple[int, ...]]]:
+        """The facts and the split units of the assignment in force, read in one MULTI.
+
+        Returns:
+            (meta, split) with split: unit field (key, or bucket as decimal text) -> its slots,
+            only units on two slots or more.
+
+        Raises:
+            PlacementError: nothing published. StackError: Redis unreachable.
+        """
         try:
-            self.client.delete(self.keys.map, self.keys.loads, self.keys.meta)
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.keys.meta)
+                pipe.hgetall(self.keys.split)
+                raw_meta, raw_split = pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise self._unreachable(exc) from exc
+        return self._parse_meta(raw_meta), {_text(unit): decode_split(slots) for unit, slots in raw_split.items()}
+
+    def delete(self) -> None:
+        """Remove the assignment's four hashes (the epoch restarts at 1 on the next publish)."""
+        try:
+            self.client.delete(self.keys.map, self.keys.split, self.keys.loads, self.keys.meta)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise self._unreachable(exc) from exc
 
 
 class CachedAssignment:
-    """A producer's view of a shared `AssignmentStore`, as a key-affine `Strategy`.
+    """A producer's view of a shared `AssignmentStore`, as a `Strategy`.
 
     `slot_of(key)` answers from a local memo (unit -> slot); on a miss it asks the store's
     atomic assign (`observe_known=False`: looking a key up does not count events), so a new key
     is placed once for all producers. A new epoch is learnt by polling: when `poll_seconds` have
-    passed since the last check, the next `slot_of` or `epoch` read does one HGET of the epoch;
-    if it changed, the memo is cleared and strategy, P and buckets are re-read (`refresh`). A
-    slot returned by the server carries the epoch that placed it; if that is newer than the
-    cached epoch the view refreshes first, so a slot is never attributed to an older epoch.
+    passed since the last check, the next `slot_of`, `slots_of` or `epoch` read does one HGET of
+    the epoch; if it changed, the memo is cleared and strategy, P, buckets (and, for hot_split,
+    the split units) are re-read (`refresh`). A slot returned by the server carries the epoch
+    that placed it; if that is newer than the cached epoch the view refreshes first, so a slot
+    is never attributed to an older epoch.
+
+    A hot_split assignment spreads some units over several slots: `slots_of(key)` gives all of
+    them (piece i on element i), `slot_of(key)` the first. Such a view is not key-affine
+    (`key_affine` False, as `HotSplitStrategy`): a record of a split key is placed by its event
+    id (`slots[event_id % k]`), never by its key alone, so `SlotCache` refuses it.
 
     Args:
         store: the shared assignment (must be published already).
@@ -517,8 +673,6 @@ class CachedAssignment:
     Thread-safe: the hit path is one dict lookup; misses and refreshes take a lock.
     """
 
-    key_affine: bool = True
-
     def __init__(
         self, store: AssignmentStore, poll_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
@@ -529,8 +683,18 @@ class CachedAssignment:
         self._clock = clock
         self._lock = threading.Lock()
         self._slots: dict[str, int] = {}
-        self._meta = store.meta()
+        self._split: dict[str, tuple[int, ...]] = {}
+        self._reload()
         self._checked = clock()
+
+    def _reload(self) -> None:
+        """Re-read meta (and split units for hot_split) and clear the memo; caller holds the lock or is __init__."""
+        meta = self.store.meta()
+        split: dict[str, tuple[int, ...]] = {}
+        if meta.strategy == SPLIT_STRATEGY:
+            meta, split = self.store.meta_and_split()
+        self._meta, self._split = meta, split
+        self._slots.clear()
 
     @property
     def name(self) -> str:
@@ -543,17 +707,28 @@ class CachedAssignment:
         return self._meta.partitions
 
     @property
+    def key_affine(self) -> bool:
+        """False for a hot_split assignment (records of a split key are placed per event), else True."""
+        return self._meta.strategy != SPLIT_STRATEGY
+
+    @property
     def epoch(self) -> int:
         """The epoch in force as of the last poll (reading it may poll)."""
         self._maybe_poll()
         return self._meta.epoch
+
+    @property
+    def split(self) -> dict[str, tuple[int, ...]]:
+        """The split units of the epoch in force: unit field (key, or bucket as text) -> slots (a copy)."""
+        self._maybe_poll()
+        return dict(self._split)
 
     def _maybe_poll(self) -> None:
         if self._clock() - self._checked >= self.poll_seconds:
             self.refresh()
 
     def refresh(self) -> bool:
-        """Check the epoch now; on a change, clear the memo and re-read the meta.
+        """Check the epoch now; on a change, clear the memo and re-read the meta (and split units).
 
         Returns:
             True when the epoch changed (the memo was cleared).
@@ -562,12 +737,11 @@ class CachedAssignment:
             self._checked = self._clock()
             if self.store.epoch() == self._meta.epoch:
                 return False
-            self._meta = self.store.meta()
-            self._slots.clear()
+            self._reload()
             return True
 
     def slot_of(self, key: str) -> int:
-        """The slot of `key` under the epoch in force, 0 <= slot <= P - 1.
+        """The slot of `key` under the epoch in force, 0 <= slot <= P - 1 (a split key's first slot).
 
         Raises:
             PlacementError: the assignment was deleted. StackError: Redis unreachable.
@@ -584,9 +758,20 @@ class CachedAssignment:
                 if epoch == self._meta.epoch:
                     self._slots[self._meta.unit_of(key)] = slot
                     return slot
-                self._meta = self.store.meta()
-                self._slots.clear()
+                self._reload()
                 self._checked = self._clock()
+
+    def slots_of(self, key: str) -> tuple[int, ...]:
+        """All slots of `key` under the epoch in force, piece i on element i; one slot unless split.
+
+        A record of a split key with event id n goes to `slots[n % len(slots)]`.
+
+        Raises:
+            PlacementError: the assignment was deleted. StackError: Redis unreachable.
+        """
+        slot = self.slot_of(key)  # polls first, and places a new key (whole) if needed
+        slots = self._split.get(self._meta.unit_of(key))
+        return slots if slots is not None and slots[0] == slot else (slot,)
 
     def __len__(self) -> int:
         """Number of units memoized."""

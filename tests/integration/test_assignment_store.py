@@ -16,7 +16,7 @@ import redis
 
 from keyshift.errors import PlacementError, StackError
 from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment, assignment_keys
-from keyshift.placement.strategies import LeastCountStrategy, LeastKeyStrategy, SlotCache, bucket_of
+from keyshift.placement.strategies import HotSplitStrategy, LeastCountStrategy, LeastKeyStrategy, SlotCache, bucket_of
 from keyshift.runs import redis_client
 from keyshift.settings import Settings
 
@@ -37,7 +37,7 @@ def store(client):
     store = AssignmentStore(client, f"it-{uuid.uuid4().hex[:10]}")
     yield store
     store.delete()
-    assert client.exists(store.keys.map, store.keys.loads, store.keys.meta) == 0
+    assert client.exists(store.keys.map, store.keys.split, store.keys.loads, store.keys.meta) == 0
 
 
 def _weight(key: str) -> int:
@@ -173,6 +173,84 @@ def test_publish_bumps_epoch_atomically_and_announces_it(store, client):
     snap = store.snapshot()
     assert snap["mapping"] == {"ORD": 0} and snap["loads"] == [50, 0] and snap["epoch"] == 10
     assert snap["strategy"] == "least_count" and snap["partitions"] == 2 and snap["buckets"] is None
+    assert snap["split"] == {}
+
+
+# flights-like counts at P = 4: ORD and ATL each exceed a slot's fair share (1/4 of 220 events)
+HOT_COUNTS = {"ORD": 90, "ATL": 60, "DFW": 30, "LAX": 20, "SFO": 12, "SEA": 8}
+
+
+def test_hot_split_round_trip(store, client):
+    learned = HotSplitStrategy.from_counts(HOT_COUNTS, 4)
+    split = {unit: slots for unit, slots in learned.assignment.items() if len(slots) > 1}
+    assert set(split) == {"ORD", "ATL"}  # the fixture is what the test means it to be
+    epoch = store.publish("hot_split", 4, learned.assignment, learned.loads)
+    snap = store.snapshot()
+    assert (snap["strategy"], snap["partitions"], snap["epoch"]) == ("hot_split", 4, epoch)
+    assert snap["mapping"] == {unit: slots[0] for unit, slots in learned.assignment.items()}
+    assert snap["split"] == split and all(type(v) is tuple and len(v) >= 2 for v in snap["split"].values())
+    assert snap["loads"] == learned.loads
+    # the raw hashes: the map keeps each unit's first slot, the split hash "a,b"
+    assert client.hget(store.keys.map, "ORD") in (str(split["ORD"][0]), str(split["ORD"][0]).encode())
+    raw = client.hget(store.keys.split, "ORD")
+    assert (raw.decode() if isinstance(raw, bytes) else raw) == ",".join(map(str, split["ORD"]))
+    # the same through split= beside a first-slot mapping
+    epoch2 = store.publish("hot_split", 4, snap["mapping"], snap["loads"], split=split)
+    assert epoch2 == epoch + 1 and store.snapshot()["split"] == split
+
+
+def test_republish_replaces_the_split_hash(store, client):
+    store.publish("hot_split", 4, {"ORD": (1, 2), "ATL": (3, 0), "DFW": 2})
+    assert set(store.snapshot()["split"]) == {"ORD", "ATL"}
+    store.publish("hot_split", 4, {"ORD": (1, 3), "ATL": 3, "DFW": 2})  # ATL no longer split
+    assert store.snapshot()["split"] == {"ORD": (1, 3)}
+    store.publish("least_count", 4, {"ORD": 1, "ATL": 3})  # a key-affine strategy: no split left
+    snap = store.snapshot()
+    assert snap["split"] == {} and client.exists(store.keys.split) == 0
+    assert snap["mapping"] == {"ORD": 1, "ATL": 3} and snap["epoch"] == 3
+
+
+def test_hot_split_per_bucket_round_trip(store):
+    store.publish("hot_split", 4, {7: (2, 0), 3: 1}, buckets=16)
+    snap = store.snapshot()
+    assert snap["buckets"] == 16 and snap["mapping"] == {7: 2, 3: 1} and snap["split"] == {7: (2, 0)}
+
+
+def test_split_publish_is_validated_and_leaves_nothing_behind(store):
+    store.publish("hot_split", 4, {"ORD": (1, 2)})
+    for kwargs, message in [
+        ({"strategy_name": "least_count", "mapping": {"ORD": (1, 2)}}, "publish them as 'hot_split'"),
+        ({"strategy_name": "hot_split", "mapping": {"ORD": 1}, "split": {"ORD": (2, 1)}}, "starts on slot 2"),
+        ({"strategy_name": "hot_split", "mapping": {"ORD": 1}, "split": {"ATL": (2, 1)}}, "not in the mapping"),
+        ({"strategy_name": "hot_split", "mapping": {"ORD": (1, 4)}}, "outside 0..3"),
+        ({"strategy_name": "hot_split", "mapping": {"ORD": (1, 1)}}, "one piece"),
+    ]:
+        with pytest.raises(PlacementError, match=message):
+            store.publish(partitions=4, **kwargs)
+    snap = store.snapshot()
+    assert snap["epoch"] == 1 and snap["split"] == {"ORD": (1, 2)}  # refused publishes changed nothing
+
+
+def test_new_key_under_hot_split_is_placed_whole(store):
+    store.publish("hot_split", 4, {"ORD": (0, 1)}, [10, 10, 0, 3])
+    assert store.assign("NEW", weight=5) == 2  # Algorithm 1 by events: least-loaded slot, whole
+    snap = store.snapshot()
+    assert snap["mapping"]["NEW"] == 2 and "NEW" not in snap["split"] and snap["loads"] == [10, 10, 5, 3]
+
+
+def test_cached_assignment_of_hot_split(store):
+    store.publish("hot_split", 4, {"ORD": (1, 2), "ATL": 3}, [0, 0, 0, 5])
+    view = CachedAssignment(store, poll_seconds=0)
+    assert not view.key_affine and view.name == "hot_split"
+    assert view.slots_of("ORD") == (1, 2) and view.slot_of("ORD") == 1
+    assert view.slots_of("ATL") == (3,) and view.slots_of("NEW") == (0,)
+    assert view.split == {"ORD": (1, 2)}
+    with pytest.raises(PlacementError, match="not key-affine"):
+        SlotCache(view)
+    store.publish("hot_split", 4, {"ORD": (2, 0, 1), "ATL": 3})
+    assert view.slots_of("ORD") == (2, 0, 1) and view.epoch == 2
+    store.publish("least_count", 4, {"ORD": 2})
+    assert view.slots_of("ORD") == (2,) and view.key_affine and view.split == {}
 
 
 def test_cached_assignment_sees_new_epoch_within_poll_interval(store):

@@ -9,7 +9,9 @@ from keyshift.placement.assignment_store import (
     AssignmentMeta,
     CachedAssignment,
     assignment_keys,
+    decode_split,
     encode_assignment,
+    encode_split,
     resolve_rule,
 )
 from keyshift.placement.strategies import Strategy, bucket_of
@@ -21,6 +23,7 @@ def test_assignment_keys():
     assert keys.loads == "keyshift:assignment:flights:loads"
     assert keys.meta == "keyshift:assignment:flights:meta"
     assert keys.channel == "keyshift:assignment:flights:epoch"
+    assert keys.split == "keyshift:assignment:flights:split"
     for bad in ("", "a b", "a:b", "x*", None):
         with pytest.raises(PlacementError, match="assignment name"):
             assignment_keys(bad)
@@ -55,6 +58,61 @@ def test_encode_assignment():
     for args, message in bad:
         with pytest.raises(PlacementError, match=message):
             encode_assignment(*args)
+
+
+def test_encode_assignment_takes_split_units_first_slot():
+    # HotSplitStrategy.assignment as it is: unit -> tuple of slots, piece i on element i
+    assert encode_assignment(4, {"ORD": (3, 1), "ATL": (2,), "DFW": 0}, None, None)[0] == {"ORD": 3, "ATL": 2, "DFW": 0}
+    assert encode_assignment(4, {7: [2, 0]}, None, 16)[0] == {"7": 2}
+    for mapping, message in [
+        ({"ORD": ()}, "no slot"),  # a unit must live somewhere
+        ({"ORD": (1, 4)}, "slot 4, outside 0..3"),  # second piece out of range
+        ({"ORD": (1, 1)}, "one piece of a unit"),  # two pieces on one slot
+        ({"ORD": (1, True)}, "outside"),  # bool is not a slot
+    ]:
+        with pytest.raises(PlacementError, match=message):
+            encode_assignment(4, mapping, None, None)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "split", "buckets", "expected"),
+    [
+        ({}, None, None, {}),  # nothing published: no split field
+        ({"ORD": 3, "ATL": 1}, None, None, {}),  # key-affine mapping: nothing split
+        ({"ORD": (3, 5), "ATL": (1,)}, None, None, {"ORD": "3,5"}),  # tuple values; one slot is not split
+        ({"ORD": 3, "ATL": 1}, {"ORD": (3, 5, 0)}, None, {"ORD": "3,5,0"}),  # split= beside first slots
+        ({"ORD": 3}, {"ORD": [3]}, None, {}),  # a one-slot split entry means "not split"
+        ({"ORD": (3, 5)}, {"ORD": (3, 5)}, None, {"ORD": "3,5"}),  # the same list twice is fine
+        ({7: 2, "9": 0}, {"7": (2, 1)}, 16, {"7": "2,1"}),  # per bucket: fields are decimal text
+    ],
+)
+def test_encode_split(mapping, split, buckets, expected):
+    assert encode_split(8, mapping, split, buckets) == expected
+
+
+@pytest.mark.parametrize(
+    ("mapping", "split", "message"),
+    [
+        ({"ORD": 3}, {"ATL": (1, 2)}, "'ATL' is not in the mapping"),  # split unit without first slot
+        ({"ORD": 3}, {"ORD": (5, 3)}, "starts on slot 5 but the mapping puts it on slot 3"),  # first differs
+        ({"ORD": (3, 5)}, {"ORD": (3, 6)}, r"slots \[3, 5\] in the mapping and \[3, 6\] in split"),
+        ({"ORD": 3}, {"ORD": (3, 8)}, "slot 8, outside 0..7"),  # out of range
+        ({"ORD": 3}, {"ORD": (3, 3)}, "one piece of a unit"),  # repeated slot
+        ({"ORD": 3}, {"ORD": ()}, "no slot"),
+    ],
+)
+def test_encode_split_refuses(mapping, split, message):
+    with pytest.raises(PlacementError, match=message):
+        encode_split(8, mapping, split, None)
+
+
+def test_decode_split():
+    assert decode_split("3,5") == (3, 5)
+    assert decode_split(b"0,7,2") == (0, 7, 2)
+    assert decode_split("4") == (4,)
+    for bad in ("", "3,,5", "a,b"):
+        with pytest.raises(PlacementError, match="comma-separated"):
+            decode_split(bad)
 
 
 def test_meta_unit_of():
