@@ -12,39 +12,11 @@ import logging
 from typing import Any
 
 from keyshift.names import FLIGHT_TOPICS, FLIGHTS_TOPIC
+from keyshift.placement.learning import LEARN_FRACTION, publish_learned_assignment  # noqa: F401 - LEARN_FRACTION kept for callers of demo
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-LEARN_FRACTION = 0.1
-"""A learned strategy learns from the first 10 % of the flights, as a live system would."""
-
-
-def publish_learned_assignment(settings: Settings, topic: str, strategy: str, partitions: int, limit: int | None):
-    """Learn `strategy` (least_key or least_count, paper 000 Algorithm 1) from the origin counts of
-    the first `LEARN_FRACTION` of the flights, publish it in Redis under `topic` (a new epoch)
-    and return the producers' cached view of it. Keys first seen later are placed by the store's
-    atomic assign when the replay meets them.
-
-    Raises:
-        StackError: Redis unreachable. DataError: the flights are not fetched.
-    """
-    import pandas as pd
-
-    from keyshift.data.flights import flights_path
-    from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment
-    from keyshift.placement.strategies import strategy_by_name
-
-    origins = pd.read_parquet(flights_path(settings), columns=["origin"])["origin"]
-    head = origins.iloc[: max(1, int((limit or len(origins)) * LEARN_FRACTION))]
-    counts = head.value_counts().reindex(pd.unique(head))  # arrival order, for least_key
-    learned = type(strategy_by_name(strategy, partitions)).from_counts({k: int(v) for k, v in counts.items()}, partitions)
-    store = AssignmentStore.from_settings(settings, topic)
-    epoch = store.publish(strategy, partitions, learned.assignment, learned.loads)
-    log.info("%s learned from %d flights (%d keys), published for %s as epoch %d", strategy, len(head), len(counts), topic, epoch)
-    return CachedAssignment(store)
 
 
 def run_demo(
