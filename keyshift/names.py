@@ -30,3 +30,33 @@ def redis_progress_key(run_id: str) -> str:
 def redis_replay_key(topic: str) -> str:
     """Redis hash holding the last replay's record for a topic (events produced, end offsets)."""
     return f"{REDIS_PREFIX}:replay:{topic}"
+
+
+# Balance monitoring (keyshift.monitoring.results) and switch requests.
+BALANCE_MONITOR_DAG_ID = "keyshift_balance_monitor"
+SWITCH_DAG_ID = "keyshift_switch"
+
+
+def redis_balance_latest_key(topic: str) -> str:
+    """Redis string holding a monitored topic's latest balance record (JSON: evaluation, loads, decision)."""
+    return f"{REDIS_PREFIX}:balance:{topic}:latest"
+
+
+def redis_balance_series_key(topic: str) -> str:
+    """Redis sorted set of a monitored topic's recent balance records (JSON members, score = epoch seconds)."""
+    return f"{REDIS_PREFIX}:balance:{topic}:series"
+
+
+def redis_balance_cursor_key(topic: str) -> str:
+    """Redis hash of what the next evaluation of a topic starts from (end offsets, job counts, trigger state)."""
+    return f"{REDIS_PREFIX}:balance:{topic}:cursor"
+
+
+def redis_balance_switch_key(topic: str) -> str:
+    """Redis hash holding the last switch decided for a topic (at_s, strategy_from, strategy_to, migration_s)."""
+    return f"{REDIS_PREFIX}:balance:{topic}:last_switch"
+
+
+def redis_switch_requests_key(topic: str) -> str:
+    """Redis list of switch requests the `keyshift_switch` DAG accepted for a topic (JSON, newest first)."""
+    return f"{REDIS_PREFIX}:switch:{topic}:requests"

@@ -17,9 +17,11 @@ sample they are scored on, so their figures are the best they could do on it (th
 `whole` mode); the benchmark's `online` mode shows what they keep on events they did not learn
 from. Compare the strategy in force with its live `assignment` to see what it really does.
 
-Storage is local for now: each evaluation is appended as one Parquet file under
-`<directory>/history/` and the latest is kept as `<directory>/latest.json` (the CLI uses
-`settings.runs_dir / "balance"`). The Redis time series (latest in Redis) comes later.
+Storage here is local: each evaluation is appended as one Parquet file under
+`<directory>/history/` (the long record) and the latest is kept as `<directory>/latest.json`.
+The offline CLI uses `settings.runs_dir / "balance"`; a monitored topic uses
+`settings.runs_dir / "balance" / "topics" / <topic>` and also keeps its latest record and a
+bounded recent series in Redis (`keyshift.monitoring.results`).
 """
 
 from __future__ import annotations
@@ -195,21 +197,70 @@ HISTORY = "history"
 LATEST = "latest.json"
 """File (in the balance directory) holding the latest evaluation and decision."""
 
+MEASURED_FIELDS = ("loads", "events", "balance_degree", "extra_compute_time", "max_over_mean", "max_load", "mean_load", "detail")
+"""Fields of a `keyshift.monitoring.loads.MeasuredLoads` stored as Parquet columns `<source>_<field>`."""
+
+
+def _jsonable(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def evaluation_record(
+    evaluation: Evaluation,
+    decision: object | None = None,
+    *,
+    at: datetime,
+    context: Mapping[str, object] | None = None,
+    measured: Sequence[object] = (),
+    history_file: str | None = None,
+) -> dict[str, object]:
+    """One evaluation as a JSON-able record: what latest.json and the Redis series hold.
+
+    Args:
+        evaluation: the sampled figures. decision: a frozen dataclass (`triggers.Decision`) or None.
+        at: when it was made (UTC). context: extra JSON-able fields put at the top level
+            (series, source, key, sampling, ...). measured: `loads.MeasuredLoads` values (real
+            per-slot loads), stored under `measured[<source>]`. history_file: the Parquet file.
+
+    Returns:
+        `{"at": ISO 8601, "at_s": epoch seconds, **context, "evaluation": {...}, "decision": {...} | None,
+        "measured": {source: {...}}, "history_file": str | None}`.
+    """
+    return {
+        "at": at.isoformat(),
+        "at_s": at.timestamp(),
+        **dict(context or {}),
+        "evaluation": asdict(evaluation),
+        "decision": asdict(decision) if decision is not None else None,
+        "measured": {m.source: {k: _jsonable(v) for k, v in asdict(m).items()} for m in measured},
+        "history_file": history_file,
+    }
+
 
 def save_evaluation(
-    directory: Path, evaluation: Evaluation, decision: object | None = None, *, at: datetime | None = None, context: Mapping[str, object] | None = None
+    directory: Path,
+    evaluation: Evaluation,
+    decision: object | None = None,
+    *,
+    at: datetime | None = None,
+    context: Mapping[str, object] | None = None,
+    measured: Sequence[object] = (),
 ) -> Path:
-    """Append `evaluation` to the Parquet history and make it the latest (JSON).
+    """Append `evaluation` to the Parquet history (the long record) and make it the latest (JSON).
 
     Writes `<directory>/history/<UTC timestamp>.parquet`, one row per strategy (columns: at,
-    partitions, in_force, events, keys, the `StrategyEvaluation` fields, and the decision's
-    fields prefixed `decision_`), and `<directory>/latest.json` (written to a temporary file,
-    then renamed). Local files only; the Redis time series comes later.
+    partitions, in_force, events, keys, the `StrategyEvaluation` fields, `is_in_force`, the
+    decision's fields prefixed `decision_`, the context's scalar fields prefixed `context_`, and
+    each measured load's `MEASURED_FIELDS` prefixed `<source>_`, e.g. `arrivals_balance_degree`),
+    and `<directory>/latest.json` (`evaluation_record`; temporary file, then rename).
+    `keyshift.monitoring.results.history_records` reads the rows back. The Redis side (latest
+    and recent series) is `keyshift.monitoring.results.ResultStore`.
 
     Args:
         directory: the balance directory, e.g. `settings.runs_dir / "balance"`.
         evaluation: what to store. decision: a frozen dataclass (e.g. `triggers.Decision`) or None.
-        at: timestamp (UTC; default now). context: extra JSON-able fields for latest.json (source, key, ...).
+        at: timestamp (UTC; default now). context: extra JSON-able fields (source, key, ...).
+        measured: `loads.MeasuredLoads` values (arrivals, processed), if measured.
 
     Returns:
         The Parquet file written.
@@ -222,6 +273,11 @@ def save_evaluation(
     at = at or datetime.now(timezone.utc)
     stamp = at.strftime("%Y%m%dT%H%M%S%fZ")
     decided = asdict(decision) if decision is not None else {}
+    shared = {
+        **{f"decision_{name}": value for name, value in decided.items()},
+        **{f"context_{name}": value for name, value in (context or {}).items() if isinstance(value, (str, int, float, bool))},
+        **{f"{m.source}_{name}": _jsonable(getattr(m, name)) for m in measured for name in MEASURED_FIELDS},
+    }
     rows = [
         {
             "at": at.isoformat(),
@@ -231,7 +287,7 @@ def save_evaluation(
             "keys": evaluation.keys,
             **{name: (list(value) if name == "loads" else value) for name, value in asdict(result).items() if name not in ("partitions", "in_force")},
             "is_in_force": result.in_force,
-            **{f"decision_{name}": value for name, value in decided.items()},
+            **shared,
         }
         for result in evaluation.results
     ]
@@ -239,7 +295,7 @@ def save_evaluation(
     history.mkdir(parents=True, exist_ok=True)
     parquet = history / f"{stamp}.parquet"
     pd.DataFrame(rows).to_parquet(parquet, index=False)
-    latest = {"at": at.isoformat(), **dict(context or {}), "evaluation": asdict(evaluation), "decision": decided or None, "history_file": str(parquet)}
+    latest = evaluation_record(evaluation, decision, at=at, context=context, measured=measured, history_file=str(parquet))
     temporary = directory / (LATEST + ".tmp")
     temporary.write_text(json.dumps(latest, indent=2) + "\n", encoding="utf-8")
     temporary.replace(directory / LATEST)

@@ -90,6 +90,15 @@ class Trigger(Protocol):
         which took `migration_s` seconds when measured."""
         ...
 
+    def state(self) -> dict[str, float]:
+        """What the trigger carries between evaluations (JSON-able), for a scheduler that builds
+        a new trigger each time (the `keyshift_balance_monitor` DAG)."""
+        ...
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Resume from an earlier instance's `state()`."""
+        ...
+
 
 def _check_observation(now_s: float, events: int) -> None:
     if isinstance(events, bool) or not isinstance(events, int) or events < 0:
@@ -127,6 +136,13 @@ class _BestBalance:
     def record_switch(self, strategy_from: str, strategy_to: str, now_s: float, migration_s: float | None = None) -> None:
         """Paper modes keep no switch history; accepted for the common interface."""
 
+    def state(self) -> dict[str, float]:
+        """What the trigger carries from one evaluation to the next (JSON-able); none for threshold."""
+        return {}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Resume from `state()` of an earlier instance (e.g. the previous scheduled evaluation)."""
+
 
 class PeriodicTrigger(_BestBalance):
     """Paper 000 Table 6 定期 (periodic): every `period_s` seconds, move to the best balance degree.
@@ -162,6 +178,14 @@ class PeriodicTrigger(_BestBalance):
         self._last_s = now_s
         return self._decide(evaluation, f"periodic: {waited:.1f} s >= {self.period_s:.1f} s")
 
+    def state(self) -> dict[str, float]:
+        """`{"last_s": seconds}` of the last firing (or of the first call), empty before any call."""
+        return {} if self._last_s is None else {"last_s": self._last_s}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Resume the clock of an earlier instance (`state()`); an empty state starts it afresh."""
+        self._last_s = float(state["last_s"]) if "last_s" in state else None
+
 
 class CountTrigger(_BestBalance):
     """Paper 000 Table 6 定量 (count): every `every_events` events, move to the best balance degree.
@@ -194,6 +218,14 @@ class CountTrigger(_BestBalance):
             return self._stay(evaluation, f"count: {self._events} of {self.every_events} events")
         seen, self._events = self._events, 0
         return self._decide(evaluation, f"count: {seen} events >= {self.every_events}")
+
+    def state(self) -> dict[str, float]:
+        """`{"events": n}`: events summed since the last firing."""
+        return {"events": self._events}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Resume the sum of an earlier instance (`state()`)."""
+        self._events = int(state.get("events", 0))
 
 
 class ThresholdTrigger(_BestBalance):
@@ -282,6 +314,13 @@ class CostAwareTrigger:
                 raise ConfigurationError(f"migration_s must be >= 0 seconds, got {migration_s!r}")
             self.measured_cost_s = float(migration_s)
         self._last_switch = (strategy_from, strategy_to, float(now_s))
+
+    def state(self) -> dict[str, float]:
+        """Nothing: the switch history is fed through `record_switch` (kept in Redis by the monitor)."""
+        return {}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Nothing to restore; see `state`."""
 
     def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
         """Recommend the lowest max/mean when its gain beats cost * (1 + margin) and it is not a flap back."""
