@@ -1,13 +1,18 @@
 """`keyshift balance`: sampled balance monitoring of every placement strategy, and the switch decision.
 
-`evaluate` samples a keyed stream (the cached flights by default), scores the strategy in force
-and every other strategy on the same sample (paper 000 eq. 1, eq. 2, max/mean), asks a switch
-trigger (paper 000 Table 6, or our cost_aware) for a decision, prints a table and stores it.
-`show` prints the latest stored result.
+`evaluate` samples a keyed stream, scores the strategy in force and every other strategy on the
+same sample (paper 000 eq. 1, eq. 2, max/mean), asks a switch trigger (paper 000 Table 6, or our
+cost_aware) for a decision, prints a table and stores it. Two sources:
 
-Storage is local for now: each evaluation is appended as a Parquet file under
-`settings.runs_dir / "balance" / "history"` and the latest is `settings.runs_dir / "balance" /
-"latest.json"`. The Redis time series (latest in Redis, read by the Airflow monitor DAG) comes later.
+* `--topic NAME`: the real Kafka topic, the records that arrived since the previous evaluation
+  (at most `--max-events`), plus the measured per-slot loads (Kafka end-offset deltas, the job's
+  processed counts): the same evaluation as the `keyshift_balance_monitor` DAG
+  (`keyshift.orchestration.monitor.evaluate_topic`), stored in Redis (latest + recent series)
+  and in the Parquet history under `runs/balance/topics/<topic>/`.
+* otherwise a Parquet file (the cached flights by default), offline: stored in the Parquet
+  history under `runs/balance/` and `runs/balance/latest.json`.
+
+`show` prints the latest stored result (`--topic`: from Redis, else from the Parquet history).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from keyshift import names
 from keyshift.settings import Settings
 
 
@@ -65,23 +71,45 @@ def _table(partitions: int, in_force: str, results: list[dict]) -> list[str]:
 @click.option("--margin", type=click.FloatRange(min=0), default=0.2, help="cost_aware: the gain must exceed cost x (1 + margin).")
 @click.option("--input", "source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, show_default="the cached flights", help="Parquet file with origin/destination columns.")
 @click.option("--candidate", "candidates", multiple=True, show_default="every strategy", help="Strategy to evaluate and possibly recommend (repeat); e.g. only those the job accepts.")
-@click.option("--save/--no-save", default=True, help="Store the result (Parquet history + latest JSON).")
+@click.option("--topic", default=None, help="Sample this Kafka topic (records since the previous evaluation) instead of a file; stores in Redis too.")
+@click.option("--max-events", type=click.IntRange(min=1), default=100_000, help="--topic: read at most this many of the arrived records (the most recent).")
+@click.option("--sample-every", type=click.IntRange(min=1), default=None, help="--topic: sample every n-th event instead of --sample-fraction.")
+@click.option("--run-id", default=None, show_default="the latest job run on the topic", help="--topic: job run whose per-slot processed counts are read.")
+@click.option("--cooldown-s", type=click.FloatRange(min=0), default=300.0, help="cost_aware: seconds after a switch during which switching back is refused.")
+@click.option("--save/--no-save", default=True, help="Store the result (Parquet history + latest; with --topic also Redis and the offsets).")
 def evaluate(
     key: str, partitions: int | None, in_force: str, sample_fraction: float, seed: int, trigger: str, theta: float, period_s: float,
     every_events: int | None, horizon_s: float, cost_s: float, margin: float, source: Path | None, candidates: tuple[str, ...],
-    save: bool,
+    topic: str | None, max_events: int, sample_every: int | None, run_id: str | None, cooldown_s: float, save: bool,
 ) -> None:
-    """Sample the flights, score every strategy on the sample, print the table and the trigger's decision.
+    """Sample a topic or the flights, score every strategy on the sample, print the table and the trigger's decision.
 
-    One invocation is one evaluation: `periodic` and `count` count it as a firing (schedule the
-    command every T seconds or N events); `threshold` and `cost_aware` decide from the figures.
-    The cost_aware cool-down needs the switch history, which a single invocation does not have.
+    With --topic, the trigger's state (periodic clock, count sum) and the cost_aware switch
+    history persist in Redis between invocations, as in the monitor DAG; a switch decision is
+    recorded as the last switch but nothing is migrated (see the `keyshift_switch` DAG).
+    Offline (a file), one invocation is one evaluation: `periodic` and `count` count it as a
+    firing; the cost_aware cool-down has no switch history.
     """
     from keyshift.monitoring.evaluate import evaluate_sample, save_evaluation, variant_by_label
     from keyshift.monitoring.sampling import Sampler
     from keyshift.monitoring.triggers import trigger_by_name
 
     settings = Settings()
+    if topic is not None:
+        from keyshift.orchestration.monitor import evaluate_topic, monitor_params
+
+        params = monitor_params({
+            "topic": topic, "strategy": in_force, "partitions": partitions, "trigger": trigger, "theta": theta,
+            "period_s": period_s, "every_events": every_events, "horizon_s": horizon_s, "cost_s": cost_s, "margin": margin,
+            "cooldown_s": cooldown_s, "sample_fraction": sample_fraction, "sample_every": sample_every, "seed": seed,
+            "max_events": max_events, "run_id": run_id, "candidates": candidates,
+        })
+        result = evaluate_topic(settings, params, save=save)
+        for line in format_record(result["record"]):
+            click.echo(line)
+        if save:
+            click.echo(f"stored -> Redis {names.redis_balance_latest_key(topic)}" + (f", {result['record']['history_file']}" if result["record"]["history_file"] else ""))
+        return
     partitions = partitions or settings.partitions
     variant_by_label(in_force)
     if source is None:
@@ -102,7 +130,7 @@ def evaluate(
     elif trigger == "threshold":
         options["theta"] = theta
     else:
-        options.update(default_cost_s=cost_s, margin=margin)
+        options.update(default_cost_s=cost_s, margin=margin, cooldown_s=cooldown_s)
     chosen = trigger_by_name(trigger, **options)
     if trigger == "periodic":
         chosen.observe(evaluation, 0.0, 0)  # starts the clock; the invocation is the timer firing
@@ -121,20 +149,61 @@ def evaluate(
         click.echo(f"stored -> {written}")
 
 
-@command.command()
-def show() -> None:
-    """Print the latest stored evaluation and decision (`keyshift balance evaluate` writes it)."""
-    from keyshift.monitoring.evaluate import load_latest
+def _verdict(decision: dict) -> str:
+    verdict = f"switch to {decision['strategy']}" if decision["switch"] else f"stay on {decision['strategy']}"
+    return f"decision ({decision['trigger']}): {verdict}; expected gain {decision['expected_gain_s']:.2f} s. {decision['reason']}"
 
-    latest = load_latest(_balance_dir(Settings()))
-    evaluation = latest["evaluation"]
-    click.echo(
-        f"{latest['at']}: {latest.get('source', '?')} by {latest.get('key', '?')}, {evaluation['events']:,} sampled events, "
-        f"{evaluation['keys']} keys"
-    )
-    for line in _table(evaluation["partitions"], evaluation["in_force"], evaluation["results"]):
+
+def format_record(record: dict) -> list[str]:
+    """Lines describing one stored record: sample, strategy table, measured loads, decision."""
+    evaluation = record.get("evaluation")
+    where = record.get("source", "?")
+    lines = []
+    if record.get("events_arrived") is not None:
+        lines.append(
+            f"{record['at']}: {where}: {record['events_arrived']:,} events arrived, {record.get('events_read', 0):,} read, "
+            f"{record.get('events_sampled', 0):,} sampled ({record.get('sample_rule')} {record.get('sample_rate', 0):g})"
+        )
+    else:
+        lines.append(f"{record['at']}: {where} by {record.get('key', '?')}")
+    if evaluation:
+        lines.append(f"sample: {evaluation['events']:,} events, {evaluation['keys']} keys")
+        lines.extend(_table(evaluation["partitions"], evaluation["in_force"], evaluation["results"]))
+    for name, figures in (record.get("measured") or {}).items():
+        loads = list(figures["loads"])
+        shown = " ".join(str(load) for load in loads[:16]) + (" ..." if len(loads) > 16 else "")
+        lines.append(
+            f"measured {name}: {figures['events']:,} events, balance {figures['balance_degree']:.3f}, extra {figures['extra_compute_time']:.3f}, "
+            f"max/mean {figures['max_over_mean']:.3f}, max {figures['max_load']:,}, mean {figures['mean_load']:,.1f}; loads {shown}"
+        )
+        if figures.get("detail"):
+            lines.append(f"  ({figures['detail']})")
+    if record.get("decision"):
+        lines.append(_verdict(record["decision"]))
+    return lines
+
+
+def _brief(record: dict) -> str:
+    evaluation, measured, decision = record.get("evaluation"), record.get("measured") or {}, record.get("decision") or {}
+    sampled = f"{evaluation['in_force']} sampled {next(r['balance_degree'] for r in evaluation['results'] if r['in_force']):.3f}" if evaluation else "no sample"
+    real = ", ".join(f"{name} {figures['balance_degree']:.3f}" for name, figures in measured.items())
+    verdict = ("switch to " if decision.get("switch") else "stay on ") + str(decision.get("strategy"))
+    return f"{record['at']}  {sampled}  {real or '-'}  {verdict}  gain {decision.get('expected_gain_s', 0.0):.2f} s"
+
+
+@command.command()
+@click.option("--topic", default=None, help="A monitored topic's series (Redis, else its Parquet history); default: the offline (file) series.")
+@click.option("--recent", type=click.IntRange(min=1), default=1, help="Show the last N records of the series, one line each (N > 1).")
+def show(topic: str | None, recent: int) -> None:
+    """Print the latest stored evaluation and decision (`keyshift balance evaluate` or the monitor DAG writes it)."""
+    from keyshift.monitoring.results import load_records
+
+    records, where = load_records(Settings(), topic, recent)
+    if recent > 1:
+        click.echo(f"last {len(records)} records of {topic or 'the offline series'} (from {where}); balance degree (eq. 1) sampled and measured")
+        for record in records:
+            click.echo(_brief(record))
+        return
+    for line in format_record(records[-1]):
         click.echo(line)
-    decision = latest.get("decision")
-    if decision:
-        verdict = f"switch to {decision['strategy']}" if decision["switch"] else f"stay on {decision['strategy']}"
-        click.echo(f"decision ({decision['trigger']}): {verdict}; expected gain {decision['expected_gain_s']:.2f} s. {decision['reason']}")
+    click.echo(f"(read from {where})")

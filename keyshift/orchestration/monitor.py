@@ -1,0 +1,350 @@
+"""The scheduled balance monitor and the switch request: what `keyshift_balance_monitor` and
+`keyshift_switch` (and `keyshift balance evaluate --topic`) call.
+
+One evaluation of a topic (`evaluate_topic`):
+
+1. read the topic's offsets; the records that arrived since the previous evaluation are the
+   offsets between the previous end offsets (the cursor in Redis) and the current ones;
+2. **arrivals**: those deltas are the events each slot (partition) received: measured loads;
+3. **processed**: the job run reading the topic (the `run_id` param, else the latest run
+   recorded in Redis) reports its processed events per slot; the difference from the previous
+   evaluation's counts is what each slot processed in between;
+4. **sample**: the most recent of the arrived records, at most `max_events`, are read and their
+   keys sampled (every n-th or a seeded fraction); every candidate strategy is scored on the
+   sample (paper 000 eq. 1, eq. 2, max/mean);
+5. the trigger (paper 000 Table 6, or cost_aware with the switch history kept in Redis)
+   decides; the record (sampled figures, measured loads, decision) goes to the Parquet history
+   and to Redis (latest + recent series) together with the new cursor, and a switch decision
+   becomes the last switch;
+6. a switch decision yields the conf of a `keyshift_switch` run (`switch_conf`).
+
+The migration itself (stop the job, move state, restart under the new assignment) is a later
+issue: `record_switch_request` only validates and records the request.
+
+Nothing here connects to anything at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from keyshift import names
+from keyshift.errors import ConfigurationError
+from keyshift.monitoring.results import DEFAULT_KEEP
+from keyshift.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CANDIDATES: tuple[str, ...] = ("hash", "modulo", "least_key", "least_count", "hot_split")
+"""Strategies the monitor may recommend by default: those the flight delay job can run
+(`keyshift.processing.flight_delays.JOB_STRATEGIES`; a test keeps the two equal). modulo is
+left out of an evaluation by itself when the keys are not integers."""
+
+SWITCH_REQUESTS_KEPT = 100
+"""Switch requests kept per topic in Redis (`names.redis_switch_requests_key`)."""
+
+
+def _check_label(label: str) -> str:
+    from keyshift.monitoring.evaluate import variant_by_label
+
+    variant_by_label(label)
+    return label
+
+
+class MonitorParams(BaseModel):
+    """Parameters of one monitor evaluation (the DAG's params, the CLI's options).
+
+    Attributes:
+        topic: the monitored input topic. strategy: label of the strategy in force.
+        partitions: P of the evaluation; None = the topic's partition count.
+        trigger: `periodic`, `count`, `threshold` (paper 000 Table 6) or `cost_aware` (ours).
+        theta: threshold's θ (balance degree). period_s: periodic's T (seconds).
+        every_events: count's N (events). horizon_s: H of the expected gain (seconds).
+        cost_s, margin, cooldown_s: cost_aware's migration cost before one is measured (seconds),
+            hysteresis margin, and cool-down against switching back (seconds).
+        sample_every: keep every n-th event read; when None, `sample_fraction` (a seeded share
+            in (0, 1]) applies. seed: the sampler's seed.
+        max_events: at most this many of the arrived records are read (the most recent).
+        run_id: the job run whose per-slot counts are read; None = the latest run on the topic.
+        candidates: strategies scored and possibly recommended (the one in force always is).
+        keep: records kept in the Redis series.
+
+    Raises:
+        pydantic.ValidationError (wrapped in ConfigurationError by `monitor_params`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str = names.FLIGHTS_TOPIC
+    strategy: str = "hash"
+    partitions: int | None = Field(None, ge=1)
+    trigger: Literal["periodic", "count", "threshold", "cost_aware"] = "cost_aware"
+    theta: float = Field(0.6, ge=0, le=1)
+    period_s: float = Field(3600.0, gt=0)
+    every_events: int = Field(1_000_000, ge=1)
+    horizon_s: float = Field(60.0, gt=0)
+    cost_s: float = Field(5.0, ge=0)
+    margin: float = Field(0.2, ge=0)
+    cooldown_s: float = Field(300.0, ge=0)
+    sample_fraction: float = Field(0.1, gt=0, le=1)
+    sample_every: int | None = Field(None, ge=1)
+    seed: int = 0
+    max_events: int = Field(100_000, ge=1)
+    run_id: str | None = None
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
+    keep: int = Field(DEFAULT_KEEP, ge=1)
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        return _check_label(value)
+
+    @field_validator("candidates")
+    @classmethod
+    def _known_candidates(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_label(label) for label in value)
+
+    @field_validator("topic")
+    @classmethod
+    def _legal_topic(cls, value: str) -> str:
+        from keyshift.topics import check_topic_names
+
+        return check_topic_names([value])[0]
+
+    def trigger_options(self) -> dict[str, float]:
+        """Keyword options of `triggers.trigger_by_name` for `trigger`."""
+        options: dict[str, Any] = {"horizon_s": self.horizon_s}
+        if self.trigger == "periodic":
+            options["period_s"] = self.period_s
+        elif self.trigger == "count":
+            options["every_events"] = self.every_events
+        elif self.trigger == "threshold":
+            options["theta"] = self.theta
+        else:
+            options.update(default_cost_s=self.cost_s, margin=self.margin, cooldown_s=self.cooldown_s)
+        return options
+
+
+def monitor_params(raw: dict[str, Any]) -> MonitorParams:
+    """Validate raw params (a DAG run's params, CLI options); None values take the defaults.
+
+    Raises:
+        ConfigurationError: a bad value; the message lists every problem.
+    """
+    given = {k: v for k, v in raw.items() if v is not None}
+    if isinstance(given.get("candidates"), list):
+        given["candidates"] = tuple(given["candidates"])
+    if not given.get("candidates"):
+        given.pop("candidates", None)
+    try:
+        return MonitorParams(**given)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
+        raise ConfigurationError(f"bad monitor parameters: {problems}") from exc
+
+
+def evaluate_topic(
+    settings: Settings, params: MonitorParams, *, now: datetime | None = None, save: bool = True, monitor_run_id: str | None = None
+) -> dict[str, Any]:
+    """One evaluation of `params.topic` (steps in the module docstring).
+
+    Args:
+        settings: where Kafka, Redis and `runs/` are.
+        params: validated parameters (`monitor_params`).
+        now: the evaluation's time (UTC; default now). The triggers' clock is its epoch seconds.
+        save: store the record, the cursor and the switch (False: a dry run that moves nothing).
+        monitor_run_id: the Airflow run id, recorded for tracing.
+
+    Returns:
+        `{"record": the stored record (`evaluate.evaluation_record` shape, plus `series`, `topic`,
+        sampling fields and `measured` arrivals/processed), "switch_conf": the `keyshift_switch`
+        conf when the decision is to switch, else None}`. When nothing was sampled (no event
+        arrived) the record's `evaluation` is None and the decision is to stay.
+
+    Raises:
+        ConfigurationError: the topic does not exist; `run_id` names no recorded run; P bad.
+        StackError: Kafka or Redis is unreachable.
+    """
+    from keyshift.monitoring.evaluate import evaluate_sample, evaluation_record, save_evaluation
+    from keyshift.monitoring.loads import arrival_ranges, arrivals, bounded_ranges, job_counts, latest_job_run, measured_loads, since_previous
+    from keyshift.monitoring.results import LastSwitch, ResultStore, balance_dir
+    from keyshift.monitoring.sampling import Sampler
+    from keyshift.monitoring.stream import read_offsets, sample_topic
+    from keyshift.monitoring.triggers import Decision, trigger_by_name
+
+    at = now or datetime.now(timezone.utc)
+    now_s = at.timestamp()
+    topic = params.topic
+    store = ResultStore.from_settings(settings, topic, params.keep)
+    cursor = store.cursor()
+    offsets = read_offsets(settings, topic)
+    previous = {int(p): int(o) for p, o in (cursor.get("end_offsets") or {}).items()}
+    ranges = arrival_ranges(previous or None, offsets.end, offsets.beginning)
+    arrived = arrivals(ranges)
+    since = f"since {datetime.fromtimestamp(cursor['at_s'], timezone.utc).isoformat()}" if "at_s" in cursor else "since the topic's oldest record"
+    measured = [measured_loads("arrivals", arrived, f"Kafka end-offset deltas of {topic!r} {since}")]
+
+    run_id = params.run_id or latest_job_run(store.client, topic)
+    counts = job_counts(store.client, settings.runs_dir, run_id) if run_id else None
+    if counts is not None:
+        processed = since_previous(cursor.get("job_run_id"), cursor.get("job_per_slot_events"), counts)
+        span = "since the previous evaluation" if processed != list(counts.per_slot_events) else "since the run started"
+        measured.append(measured_loads("processed", processed, f"job run {run_id} ({counts.state}), {counts.source} {counts.path}, {span}"))
+    else:
+        log.info("no per-slot counts of a job run on %r (run id %s)", topic, run_id)
+
+    sampler = Sampler(every=params.sample_every) if params.sample_every else Sampler(fraction=params.sample_fraction, seed=params.seed)
+    read = bounded_ranges(ranges, params.max_events)
+    sample = sample_topic(settings, topic, read, sampler)
+    partitions = params.partitions or len(offsets.end)
+    context = {
+        "series": topic, "topic": topic, "source": f"kafka:{topic}", "key": "record key", "monitor_run_id": monitor_run_id,
+        "trigger": params.trigger, "sample_rule": "every" if params.sample_every else "fraction", "sample_rate": sampler.rate,
+        "seed": params.seed, "max_events": params.max_events, "events_arrived": sum(arrived), "events_read": sample.read,
+        "events_seen": sampler.seen, "events_sampled": sampler.sampled, "job_run_id": run_id,
+        "ranges_read": {str(p): list(r) for p, r in sample.ranges.items()},
+    }
+
+    trigger = trigger_by_name(params.trigger, **params.trigger_options())
+    if cursor.get("trigger") == params.trigger:
+        trigger.restore(cursor.get("trigger_state") or {})
+    last = store.last_switch()
+    if last is not None:
+        trigger.record_switch(last.strategy_from, last.strategy_to, last.at_s, last.migration_s)
+
+    evaluation = None
+    if sampler.counts:
+        evaluation = evaluate_sample(sampler.counts, partitions, params.strategy, labels=params.candidates)
+        decision = trigger.observe(evaluation, now_s, sum(arrived))
+    else:
+        decision = Decision(False, params.strategy, f"{params.trigger}: no events sampled ({sum(arrived)} arrived {since}); nothing to rebalance", 0.0, params.trigger)
+    log.info("%s: %s -> %s (%s); expected gain %.2f s; %s", topic, params.strategy,
+             decision.strategy, "switch" if decision.switch else "stay", decision.expected_gain_s, decision.reason)
+
+    history_file = None
+    if save and evaluation is not None:
+        history_file = str(save_evaluation(balance_dir(settings, topic), evaluation, decision, at=at, context=context, measured=measured))
+    if evaluation is not None:
+        record = evaluation_record(evaluation, decision, at=at, context=context, measured=measured, history_file=history_file)
+    else:
+        record = _record_without_sample(at, context, decision, measured)
+    switch = LastSwitch(now_s, params.strategy, decision.strategy) if decision.switch else None
+    if save:
+        store.save(record, cursor={
+            "at_s": now_s,
+            "end_offsets": {str(p): o for p, o in offsets.end.items()},
+            "job_run_id": run_id if counts is not None else None,
+            "job_per_slot_events": list(counts.per_slot_events) if counts is not None else None,
+            "trigger": params.trigger,
+            "trigger_state": trigger.state(),
+        }, switch=switch)
+    return {"record": record, "switch_conf": switch_conf(record, params, monitor_run_id) if decision.switch else None}
+
+
+def _record_without_sample(at: datetime, context: dict[str, Any], decision: object, measured: list) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "at": at.isoformat(), "at_s": at.timestamp(), **context, "evaluation": None, "decision": asdict(decision),
+        "measured": {m.source: {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(m).items()} for m in measured},
+        "history_file": None,
+    }
+
+
+def switch_conf(record: dict[str, Any], params: MonitorParams, monitor_run_id: str | None = None) -> dict[str, Any]:
+    """The conf of a `keyshift_switch` run for a record whose decision is to switch (`SwitchRequest` fields).
+
+    Raises:
+        ConfigurationError: the record's decision is not a switch.
+    """
+    decision = record.get("decision") or {}
+    if not decision.get("switch"):
+        raise ConfigurationError(f"the decision of {record.get('at')} is to stay on {decision.get('strategy')}; no switch to request")
+    return {
+        "topic": params.topic,
+        "strategy_from": params.strategy,
+        "strategy": decision["strategy"],
+        "reason": decision["reason"],
+        "expected_gain_s": float(decision["expected_gain_s"]),
+        "trigger": decision["trigger"],
+        "partitions": int(record["evaluation"]["partitions"]),
+        "decided_at": record["at"],
+        "monitor_run_id": monitor_run_id,
+    }
+
+
+class SwitchRequest(BaseModel):
+    """A request to move a topic's placement to another strategy: the conf of a `keyshift_switch` run.
+
+    Attributes:
+        topic: the input topic. strategy: the strategy to move to. strategy_from: the one in force.
+        reason: the trigger's sentence, with its figures. expected_gain_s: makespan saved over
+            the trigger's horizon, seconds. trigger: which trigger decided. partitions: P.
+        decided_at: when the monitor decided (ISO 8601). monitor_run_id: the monitor's DAG run, if any.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    strategy: str
+    strategy_from: str
+    reason: str = Field(min_length=1)
+    expected_gain_s: float
+    trigger: Literal["periodic", "count", "threshold", "cost_aware"]
+    partitions: int = Field(ge=1)
+    decided_at: datetime
+    monitor_run_id: str | None = None
+
+    @field_validator("strategy", "strategy_from")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return _check_label(value)
+
+    @model_validator(mode="after")
+    def _a_change(self) -> SwitchRequest:
+        if self.strategy == self.strategy_from:
+            raise ValueError(f"strategy and strategy_from are both {self.strategy!r}: nothing to switch")
+        return self
+
+
+def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: str | None = None) -> dict[str, Any]:
+    """Validate a `keyshift_switch` conf and record it in Redis (newest first, the last 100 kept).
+
+    The migration itself is a later issue: the record says `state: requested`.
+
+    Args:
+        settings: where Redis is. conf: the run's conf (`SwitchRequest` fields). dag_run_id: the run, for tracing.
+
+    Returns:
+        The stored record: the request's fields, `dag_run_id`, `accepted_at` (ISO 8601), `state`.
+
+    Raises:
+        ConfigurationError: the conf is not a valid request (every problem named).
+        StackError: Redis is unreachable.
+    """
+    from keyshift.runs import redis_client
+
+    try:
+        request = SwitchRequest(**dict(conf or {}))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'conf'}: {e['msg']}" for e in exc.errors())
+        raise ConfigurationError(f"bad keyshift_switch conf {dict(conf or {})!r}: {problems}") from exc
+    record = {
+        **request.model_dump(mode="json"), "dag_run_id": dag_run_id,
+        "accepted_at": datetime.now(timezone.utc).isoformat(), "state": "requested",
+    }
+    key = names.redis_switch_requests_key(request.topic)
+    client = redis_client(settings)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.lpush(key, json.dumps(record, sort_keys=True))
+        pipe.ltrim(key, 0, SWITCH_REQUESTS_KEPT - 1)
+        pipe.execute()
+    log.info("switch of %r from %s to %s requested (%s, expected gain %.2f s): %s; recorded in %s; "
+             "the migration itself is not built yet", request.topic, request.strategy_from, request.strategy,
+             request.trigger, request.expected_gain_s, request.reason, key)
+    return record
