@@ -1,0 +1,234 @@
+"""The keyshift_balance_monitor and keyshift_switch DAGs.
+
+Pure tests (no services): the DAGs' wiring, schedule and params, and the short-circuit task.
+
+Integration tests (`-m integration`, need `keyshift stack up`; skipped when Kafka or Redis does
+not answer): `dag.test()` of `keyshift_balance_monitor` on a topic of its own in the real Kafka
+with the real Redis, once with a trigger that must switch (threshold θ = 1.0 on a skewed
+stream: the `keyshift_switch` run exists in Airflow's database with the decision as its conf,
+and `dag.test()` of `keyshift_switch` with that conf records the request in Redis) and once with
+a trigger that must stay (θ = 0.0: no `keyshift_switch` run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from keyshift import names
+from keyshift.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS_DIR = REPO / "dags"
+
+
+@pytest.fixture(scope="module")
+def bag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS_DIR))
+    assert not bag.import_errors, bag.import_errors
+    return bag
+
+
+def test_monitor_dag_shape_and_schedule(bag):
+    dag = bag.dags[names.BALANCE_MONITOR_DAG_ID]
+    upstream = {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks}
+    assert upstream == {"evaluate": [], "switch_decided": ["evaluate"], "trigger_switch": ["switch_decided"]}
+    assert dag.schedule == timedelta(minutes=10)
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    trigger = dag.task_dict["trigger_switch"]
+    assert trigger.trigger_dag_id == names.SWITCH_DAG_ID and trigger.wait_for_completion is False
+
+
+def test_monitor_dag_params_are_valid_monitor_params(bag):
+    from keyshift.orchestration.monitor import DEFAULT_CANDIDATES, monitor_params
+
+    params = bag.dags[names.BALANCE_MONITOR_DAG_ID].params.dump()
+    assert params["topic"] == names.FLIGHTS_TOPIC and params["trigger"] == "cost_aware"
+    assert params["candidates"] == list(DEFAULT_CANDIDATES)
+    parsed = monitor_params(params)  # the form's defaults are accepted as they are
+    assert parsed.partitions is None and parsed.sample_every is None and parsed.sample_fraction == 0.1
+
+
+@pytest.mark.parametrize(
+    "conf, passes",
+    [
+        ({"switch": "a conf"}, True),  # a switch decision: the trigger runs with it
+        (None, False),  # stay: trigger_switch is skipped
+    ],
+)
+def test_switch_decided_short_circuits_on_stay(bag, conf, passes):
+    task = bag.dags[names.BALANCE_MONITOR_DAG_ID].task_dict["switch_decided"]
+    assert bool(task.python_callable({"switch_conf": conf})) is passes
+
+
+def test_switch_dag_is_manual_and_says_migration_is_later(bag):
+    dag = bag.dags[names.SWITCH_DAG_ID]
+    assert dag.schedule is None and [t.task_id for t in dag.tasks] == ["record_request"]
+    assert "later issue" in dag.doc_md
+
+
+# ---------------------------------------------------------------- integration
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def stack_settings() -> Settings:
+    settings = Settings()
+    for what, host, port in (("Kafka", settings.kafka_host, settings.kafka_port), ("Redis", settings.redis_host, settings.redis_port)):
+        if not _port_open(host, port):
+            pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
+    return settings
+
+
+# dag.test() needs a metadata database: a fresh interpreter with its own AIRFLOW_HOME (SQLite),
+# so the running Airflow's database is never touched. dag.test() syncs the dags folder, so
+# keyshift_switch exists there and the trigger can create its run.
+_DAG_TEST = textwrap.dedent(
+    """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    bag = DagBag(dag_folder=sys.argv[1])
+    dag = bag.dags[sys.argv[2]]
+    run = dag.test(run_conf=json.loads(sys.argv[3]))
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
+        switch_runs = [
+            {"run_id": r.run_id, "conf": r.conf, "run_type": str(r.run_type)}
+            for r in session.query(DagRun).filter(DagRun.dag_id == "keyshift_switch").all()
+        ]
+    xcom = None
+    ti = next(t for t in run.get_task_instances() if t.task_id == sys.argv[4])
+    from airflow.models.xcom import XComModel
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=dag.dag_id, run_id=run.run_id, task_id=sys.argv[4], key="return_value").first()
+        xcom = row.value if row is not None else None
+    print("RESULT " + json.dumps({"state": str(run.state), "run_id": run.run_id, "tasks": states,
+                                  "switch_runs": switch_runs, "xcom": xcom}, default=str))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def airflow_env(stack_settings, tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "KEYSHIFT_RUNS_DIR": str(home / "runs"),
+    }
+    migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    return env
+
+
+def _dag_test(env: dict, dag_id: str, conf: dict, task_id: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _DAG_TEST, str(DAGS_DIR), dag_id, json.dumps(conf), task_id],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=env["AIRFLOW_HOME"])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"dag.test() of {dag_id} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _skewed_records(settings: Settings, topic: str, scale: int = 1) -> int:
+    """Send 40 keys with Zipf-like counts (K0 most) through kafka-python's default partitioner (murmur2 = hash)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
+    sent = 0
+    for i in range(40):
+        for _ in range(scale * (200 // (i + 1) + 1)):
+            producer.send(topic, key=f"K{i}".encode(), value=b"{}")
+            sent += 1
+    producer.flush()
+    producer.close()
+    return sent
+
+
+@pytest.fixture
+def topic(stack_settings):
+    import redis
+
+    from keyshift.monitoring.results import ResultStore
+    from keyshift.topics import create_topics, delete_topics
+
+    name = f"keyshift-test-monitor-{uuid.uuid4().hex[:8]}"
+    create_topics(stack_settings, [name], partitions=4)
+    yield name
+    client = redis.Redis.from_url(stack_settings.redis_url, decode_responses=True)
+    ResultStore(client, name).delete()
+    client.delete(names.redis_switch_requests_key(name))
+    delete_topics(stack_settings, [name])
+
+
+BASE_CONF = {"sample_fraction": 1.0, "candidates": ["hash", "least_count"], "strategy": "hash"}
+
+
+@pytest.mark.integration
+def test_dag_test_switch_decision_triggers_keyshift_switch(airflow_env, stack_settings, topic):
+    import redis
+
+    sent = _skewed_records(stack_settings, topic)
+    result = _dag_test(airflow_env, names.BALANCE_MONITOR_DAG_ID, {**BASE_CONF, "topic": topic, "trigger": "threshold", "theta": 1.0}, "evaluate")
+    assert result["state"] == "success", result
+    assert result["tasks"] == {"evaluate": "success", "switch_decided": "success", "trigger_switch": "success"}
+    record, conf = result["xcom"]["record"], result["xcom"]["switch_conf"]
+    assert record["events_arrived"] == sent and record["measured"]["arrivals"]["events"] == sent
+    assert conf["strategy"] == "least_count" and conf["strategy_from"] == "hash" and conf["topic"] == topic
+    assert conf["monitor_run_id"] == result["run_id"] and conf["expected_gain_s"] > 0
+    ours = [r for r in result["switch_runs"] if (r["conf"] or {}).get("topic") == topic]
+    assert len(ours) == 1, result["switch_runs"]
+    assert ours[0]["conf"] == conf and "operator" in ours[0]["run_type"].lower()
+
+    client = redis.Redis.from_url(stack_settings.redis_url, decode_responses=True)
+    latest = json.loads(client.get(names.redis_balance_latest_key(topic)))
+    assert latest["decision"]["switch"] is True and latest["decision"]["strategy"] == "least_count"
+    assert client.hget(names.redis_balance_switch_key(topic), "strategy_to") == "least_count"
+
+    switched = _dag_test(airflow_env, names.SWITCH_DAG_ID, conf, "record_request")
+    assert switched["state"] == "success" and switched["tasks"] == {"record_request": "success"}
+    stored = json.loads(client.lindex(names.redis_switch_requests_key(topic), 0))
+    assert stored["strategy"] == "least_count" and stored["state"] == "requested" and stored["dag_run_id"] == switched["run_id"]
+
+
+@pytest.mark.integration
+def test_dag_test_stay_decision_triggers_nothing(airflow_env, stack_settings, topic):
+    sent = _skewed_records(stack_settings, topic)
+    result = _dag_test(airflow_env, names.BALANCE_MONITOR_DAG_ID, {**BASE_CONF, "topic": topic, "trigger": "threshold", "theta": 0.0}, "evaluate")
+    assert result["state"] == "success", result
+    assert result["tasks"] == {"evaluate": "success", "switch_decided": "success", "trigger_switch": "skipped"}
+    record = result["xcom"]["record"]
+    assert record["events_sampled"] == sent and record["decision"]["switch"] is False and record["decision"]["strategy"] == "hash"
+    assert result["xcom"]["switch_conf"] is None
+    assert not [r for r in result["switch_runs"] if (r["conf"] or {}).get("topic") == topic]
+
+
+@pytest.mark.integration
+def test_switch_dag_refuses_a_bad_conf(airflow_env, stack_settings):
+    bad = {"topic": "flights", "strategy": "hash", "strategy_from": "hash", "reason": "", "expected_gain_s": 1.0,
+           "trigger": "threshold", "partitions": 4, "decided_at": "2026-01-01T00:00:00+00:00"}
+    result = _dag_test(airflow_env, names.SWITCH_DAG_ID, bad, "record_request")
+    assert result["state"] == "failed" and result["tasks"] == {"record_request": "failed"}
