@@ -35,7 +35,11 @@ def command() -> None:
     help="Average produce rate in events/s (token bucket).",
 )
 @click.option(
-    "--strategy", type=click.Choice(STRATEGY_NAMES), default="hash", help="Placement strategy: key -> partition."
+    "--strategy",
+    type=click.Choice(STRATEGY_NAMES),
+    default="hash",
+    help="Placement strategy: key -> partition. least_key, least_count and hot_split use the assignment "
+    "published under --topic (`keyshift topics create --strategy NAME`).",
 )
 @click.option(
     "--partitions",
@@ -64,7 +68,8 @@ def flights(
     """Produce the flights to --topic in event-time order: key origin, JSON value, one per flight.
 
     Value: {"event_id", "origin", "destination", "delay_min", "distance_mi", "event_time"
-    (epoch ms UTC)}. The count produced and the end offsets are stored in Redis.
+    (epoch ms UTC)}. The count produced and the end offsets are stored in Redis. A key that a
+    hot_split assignment spreads over k slots is placed per event: slots[event_id % k].
     """
     result = replay_flights(
         Settings(),

@@ -7,15 +7,18 @@ Record format (one per row of flights-3m, in file order, which is event-time ord
   "distance_mi": int, "event_time": int}` where `event_id` is the row number in the file
   (0..2,999,999, stable across replays) and `event_time` is the flight's `date` in epoch
   milliseconds UTC (the file's naive timestamps are UTC);
-* partition: the slot the placement strategy gives the key (`hash`: Kafka's murmur2 default),
-  set explicitly on every record;
+* partition: the slot the placement strategy gives the record, set explicitly on every record:
+  the key's slot (`hash`: Kafka's murmur2 default), or, for a key that a hot_split assignment
+  spreads over k slots, `slots[event_id % k]` (per event; the job uses the same rule, so each
+  record lands in the Kafka partition equal to its Spark slot);
 * Kafka timestamp: the producer's wall clock (CreateTime). Event time travels in the value only:
   2001 timestamps as record timestamps would make the broker's time-based retention (7 days by
   default) delete the data at once.
 
 Throughput: kafka-python spends tens of microseconds of Python per `send`, so the replayer
 (1) builds all JSON values of a batch with Arrow string kernels instead of `json.dumps` per row
-(about 8x faster), (2) places rows with one lookup per distinct key, (3) compresses batches with
+(about 8x faster), (2) places rows with one lookup per distinct key (split keys: one numpy
+gather per batch over the event ids), (3) compresses batches with
 zstd (kafka-python checksums each batch in pure Python unless the `crc32c` package is installed;
 compression shrinks what it has to checksum), turns producer metrics off, and (4) splits the
 partitions over worker processes, each producing its own partitions in file order, so order
@@ -49,8 +52,9 @@ from kafka.errors import KafkaError
 from tqdm import tqdm
 
 from keyshift.data.flights import FLIGHTS_3M, flights_path
-from keyshift.errors import ConfigurationError, DataError, StackError
+from keyshift.errors import ConfigurationError, DataError, PlacementError, StackError
 from keyshift.names import redis_replay_key
+from keyshift.placement.learning import LEARNED_STRATEGIES, published_assignment
 from keyshift.placement.strategies import SlotCache, Strategy, strategy_by_name
 from keyshift.settings import Settings
 from keyshift.topics import describe_topics, end_offsets, kafka_config
@@ -247,7 +251,7 @@ def iter_flight_batches(
 
 
 def plan_slots(path: Path, strategy: Strategy, limit: int | None = None) -> tuple[dict[str, int], np.ndarray]:
-    """Place every distinct origin once and count the events each slot will get.
+    """Place every distinct origin once and count the events each slot will get (key-affine only).
 
     Returns:
         (origin -> slot, events per slot as an int64 array of length P).
@@ -265,6 +269,107 @@ def plan_slots(path: Path, strategy: Strategy, limit: int | None = None) -> tupl
         slot = slot_by_key[entry["values"]] = cache.slot_of(entry["values"])
         counts[slot] += entry["counts"]
     return slot_by_key, counts
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """Where a replay sends each record, decided once before producing.
+
+    Attributes:
+        slot_by_key: origin -> its slot (a split key's first slot).
+        split_by_key: origin -> its slots (piece i on element i), only keys spread over two
+            slots or more; their records go to `slots[event_id % k]` (`event_slots`).
+        counts: events per slot (int64 array of length P), counted per event for split keys.
+    """
+
+    slot_by_key: dict[str, int]
+    split_by_key: dict[str, tuple[int, ...]]
+    counts: np.ndarray
+
+
+def event_slots(
+    keys: list[str], codes: np.ndarray, event_ids: np.ndarray, slot_by_key: dict[str, int], split_by_key: dict
+) -> np.ndarray:
+    """The slot of each event, vectorized: the key's slot, or `slots[event_id % k]` for a split key.
+
+    The per-event rule of a split key (hot_split) is `HotSplitStrategy.slot_for_event` with the
+    event id as the sequence number; the job applies the same rule, so a record's Kafka
+    partition equals its Spark slot.
+
+    Args:
+        keys: the distinct keys of a batch (a dictionary). codes: int array, each event's index
+            into `keys`. event_ids: int64 array, each event's id (its row number in the file).
+        slot_by_key: key -> slot, for every key in `keys`.
+        split_by_key: key -> its slots (sequence of >= 2 ints), for the split keys only.
+
+    Returns:
+        int64 array of slots, one per event.
+
+    Raises:
+        KeyError: a key of `keys` missing from `slot_by_key`.
+    """
+    key_slots = np.fromiter((slot_by_key[k] for k in keys), dtype=np.int64, count=len(keys))
+    split = [(code, split_by_key[k]) for code, k in enumerate(keys) if k in split_by_key]
+    if not split:
+        return key_slots[codes]
+    width = max(len(slots) for _, slots in split)
+    table = np.repeat(key_slots[:, None], width, axis=1)  # cold key: its slot in every column
+    pieces = np.ones(len(keys), dtype=np.int64)
+    for code, slots in split:
+        table[code, : len(slots)] = slots
+        pieces[code] = len(slots)
+    return table[codes, np.asarray(event_ids, dtype=np.int64) % pieces[codes]]
+
+
+def plan_placement(path: Path, strategy: Strategy, limit: int | None = None) -> PlacementPlan:
+    """Place every distinct origin once (all its slots when split) and count each slot's events.
+
+    A key-affine strategy places per key (`SlotCache`, as `plan_slots`). A strategy with
+    `slots_of(key)` (hot_split: `HotSplitStrategy`, or a `CachedAssignment` of a published
+    hot_split assignment) gives each key's slots; a key with k >= 2 slots is placed per event,
+    `slots[event_id % k]`, where event_id is the row number in the file (as the replay numbers
+    events), and its events are counted per slot with numpy over those ids.
+
+    Args:
+        path: the flights file. strategy: the placer. limit: first N flights (events), None = all.
+
+    Returns:
+        A `PlacementPlan`.
+
+    Raises:
+        PlacementError: a strategy that is neither key-affine nor able to list a key's slots,
+            or a slot outside [0, P - 1].
+    """
+    if strategy.key_affine:
+        slot_by_key, counts = plan_slots(path, strategy, limit)
+        return PlacementPlan(slot_by_key, {}, counts)
+    slots_of = getattr(strategy, "slots_of", None)
+    if slots_of is None:
+        raise PlacementError(
+            f"strategy {strategy.name!r} is not key-affine and cannot list a key's slots; the replay cannot place it"
+        )
+    origins = pq.read_table(path, columns=["origin"]).column("origin")
+    if limit is not None:
+        origins = origins.slice(0, limit)
+    partitions = strategy.partitions
+    counts = np.zeros(partitions, dtype=np.int64)
+    slot_by_key: dict[str, int] = {}
+    split_by_key: dict[str, tuple[int, ...]] = {}
+    for entry in pc.value_counts(origins).to_pylist():
+        key, events = entry["values"], entry["counts"]
+        slots = tuple(int(slot) for slot in slots_of(key))
+        if not slots or any(not 0 <= slot < partitions for slot in slots):
+            raise PlacementError(
+                f"strategy {strategy.name!r} placed key {key!r} on slots {list(slots)}, outside 0..{partitions - 1}"
+            )
+        slot_by_key[key] = slots[0]
+        if len(slots) == 1:
+            counts[slots[0]] += events
+            continue
+        split_by_key[key] = slots
+        ids = np.flatnonzero(pc.equal(origins, key).to_numpy(zero_copy_only=False))
+        counts += np.bincount(np.asarray(slots, dtype=np.int64)[ids % len(slots)], minlength=partitions)
+    return PlacementPlan(slot_by_key, split_by_key, counts)
 
 
 def split_partitions(counts: np.ndarray, workers: int) -> list[tuple[int, ...]]:
@@ -298,6 +403,7 @@ class _Job:
     mine: tuple[int, ...]
     rate: float | None
     producer_config: dict[str, object] = field(default_factory=lambda: dict(PRODUCER_CONFIG))
+    split_by_key: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The job as one JSON document."""
@@ -328,9 +434,8 @@ def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
             origins = pc.dictionary_encode(batch.column("origin"))
             keys = origins.dictionary.to_pylist()
             codes = origins.indices.to_numpy()
-            key_slots = np.array([job.slot_by_key[k] for k in keys], dtype=np.int64)
-            slots = key_slots[codes]
             ids = np.arange(first, first + batch.num_rows, dtype=np.int64)
+            slots = event_slots(keys, codes, ids, job.slot_by_key, job.split_by_key)
             keep = mine[slots]
             if not keep.all():
                 batch, ids, codes, slots = batch.filter(pa.array(keep)), ids[keep], codes[keep], slots[keep]
@@ -487,8 +592,11 @@ def replay_flights(
         topic: an existing topic (create it with `keyshift topics create`).
         limit: replay only the first `limit` flights (events, >= 0); None = all 3,000,000.
         rate: events/s across all workers (token bucket); None = as fast as possible.
-        strategy: a strategy name (`"hash"`) or a key-affine `Strategy`; its P must equal the
-            topic's partition count.
+        strategy: a strategy name or a `Strategy`; its P must equal the topic's partition count.
+            A learned name (least_key, least_count, hot_split) uses the assignment published in
+            Redis under `topic` (`keyshift topics create --strategy NAME` publishes it); other
+            names build the rule here (`strategy_by_name`). A `Strategy` must be key-affine or
+            list a key's slots (`slots_of`: hot_split, whose split keys are placed per event).
         partitions: P expected; None = read from the topic's metadata.
         progress: show a tqdm progress bar (stderr).
         workers: producer processes; None = 1 when `rate` is set, else min(CPUs, P, 4).
@@ -499,9 +607,10 @@ def replay_flights(
     Raises:
         DataError: flights file missing or corrupt (run `keyshift data fetch flights`), or out
             of event-time order.
-        ConfigurationError: bad limit, rate, workers, a missing topic, or P differing from the
-            topic's partition count.
-        PlacementError: unknown strategy.
+        ConfigurationError: bad limit, rate, workers, a missing topic, P differing from the
+            topic's partition count, or a learned strategy with no matching assignment published
+            under `topic` (the message names the command that publishes one).
+        PlacementError: unknown strategy, or one the replay cannot place.
         StackError: Kafka or Redis unreachable, a worker failed, or the topic's end offsets did
             not grow by exactly the records sent (another writer, or lost records).
     """
@@ -521,13 +630,19 @@ def replay_flights(
             f"topic {topic!r} has {info.partitions} partitions, not {partitions}; "
             f"recreate it with `keyshift topics create --partitions {partitions} --recreate {topic}`"
         )
-    placer = strategy_by_name(strategy, info.partitions) if isinstance(strategy, str) else strategy
+    if isinstance(strategy, str) and strategy in LEARNED_STRATEGIES:
+        placer = published_assignment(settings, topic, strategy, info.partitions)
+    elif isinstance(strategy, str):
+        placer = strategy_by_name(strategy, info.partitions)
+    else:
+        placer = strategy
     if placer.partitions != info.partitions:
         raise ConfigurationError(
             f"strategy {placer.name!r} places over {placer.partitions} slots but topic {topic!r} has {info.partitions}"
         )
 
-    slot_by_key, planned = plan_slots(path, placer, limit)
+    plan = plan_placement(path, placer, limit)
+    planned = plan.counts
     total = int(planned.sum())
     if workers is None:
         workers = 1 if rate is not None else max(1, min(os.cpu_count() or 1, info.partitions, 4))
@@ -539,18 +654,19 @@ def replay_flights(
             path=str(path),
             topic=topic,
             limit=limit,
-            slot_by_key=slot_by_key,
+            slot_by_key=plan.slot_by_key,
             partitions=info.partitions,
             mine=share,
             rate=None if rate is None else rate * max(1, int(planned[list(share)].sum())) / max(1, total),
+            split_by_key={key: list(slots) for key, slots in plan.split_by_key.items()},
         )
         for share in shares
     ]
     before = end_offsets(settings, topic)
     log.info(
-        "replaying %s flights from %s to %s (P=%d, strategy %s epoch %d, %d worker(s), rate %s)",
-        f"{total:,}", path.name, topic, info.partitions, placer.name, placer.epoch, len(jobs),
-        "unlimited" if rate is None else f"{rate:,.0f} events/s",
+        "replaying %s flights from %s to %s (P=%d, strategy %s epoch %d, %d split key(s), %d worker(s), rate %s)",
+        f"{total:,}", path.name, topic, info.partitions, placer.name, placer.epoch, len(plan.split_by_key),
+        len(jobs), "unlimited" if rate is None else f"{rate:,.0f} events/s",
     )
     started_at = datetime.now(UTC)
     started = time.perf_counter()

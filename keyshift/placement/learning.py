@@ -199,6 +199,43 @@ def learn_and_publish(
     )
 
 
+def published_assignment(
+    settings: Settings, topic: str, strategy: str, partitions: int, poll_seconds: float = 1.0
+) -> CachedAssignment:
+    """The producers' view of the `strategy` assignment published under `topic`, checked.
+
+    Args:
+        settings: where Redis is. topic: the assignment's name (the input topic).
+        strategy: the learned strategy the caller wants (least_key, least_count, hot_split).
+        partitions: P the caller places over (the topic's partition count).
+        poll_seconds: the view's epoch polling interval (s).
+
+    Returns:
+        A `CachedAssignment` (not key-affine for hot_split).
+
+    Raises:
+        ConfigurationError: nothing is published under `topic`, or the published assignment is
+            another strategy's or for another P; the message names the command that publishes
+            the right one (`keyshift topics create --strategy NAME`).
+        PlacementError: a strategy that is not learned.
+        StackError: Redis unreachable.
+    """
+    check_learned_strategy(strategy)
+    fix = f"run `keyshift topics create --strategy {strategy} --partitions {partitions} {topic}` to learn and publish it"
+    try:
+        view = CachedAssignment(AssignmentStore.from_settings(settings, topic), poll_seconds=poll_seconds)
+    except PlacementError as exc:
+        if "no assignment published" not in str(exc):
+            raise
+        raise ConfigurationError(f"no {strategy} assignment is published for topic {topic!r}; {fix}") from None
+    if view.name != strategy or view.partitions != partitions:
+        raise ConfigurationError(
+            f"the assignment published for topic {topic!r} is {view.name} over {view.partitions} slots "
+            f"(epoch {view.epoch}), not {strategy} over {partitions}; {fix}"
+        )
+    return view
+
+
 def publish_learned_assignment(
     settings: Settings, topic: str, strategy: str, partitions: int, limit: int | None, fraction: float = LEARN_FRACTION
 ) -> CachedAssignment:

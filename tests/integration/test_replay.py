@@ -10,10 +10,13 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from keyshift.data.flights import fetch_flights
+from keyshift.data.flights import fetch_flights, flights_path
 from keyshift.data.replay import read_replay_record, replay_flights
+from keyshift.errors import ConfigurationError
 from keyshift.names import redis_replay_key
-from keyshift.placement.strategies import KafkaPartitioner, strategy_by_name
+from keyshift.placement.assignment_store import AssignmentStore
+from keyshift.placement.learning import learn_and_publish, learning_counts
+from keyshift.placement.strategies import KafkaPartitioner, LeastCountStrategy, strategy_by_name
 from keyshift.settings import Settings
 from keyshift.topics import create_topics, delete_topics, end_offsets
 
@@ -37,6 +40,7 @@ def topic(settings: Settings):
     yield name
     delete_topics(settings, [name])
     redis.Redis.from_url(settings.redis_url).delete(redis_replay_key(name))
+    AssignmentStore.from_settings(settings, name).delete()
 
 
 def consume_all(settings: Settings, topic: str) -> list[tuple[int, int, bytes, dict]]:
@@ -113,3 +117,68 @@ def test_kafka_partitioner_adapter_places_like_kafka_pythons_default(settings: S
     finally:
         ours.close()
         theirs.close()
+
+
+def test_learned_least_count_replays_through_the_published_assignment(settings: Settings, topic: str) -> None:
+    learned = learn_and_publish(settings, topic, "least_count", PARTITIONS, limit=EVENTS)
+    result = replay_flights(settings, topic, limit=EVENTS, strategy="least_count", progress=False, workers=2)
+    assert (result.strategy, result.epoch) == ("least_count", learned.epoch)
+    mapping = AssignmentStore.from_settings(settings, topic).snapshot()["mapping"]  # incl. keys placed since
+    records = consume_all(settings, topic)
+    assert len(records) == EVENTS
+    for partition, _, key, value in records:
+        assert partition == mapping[value["origin"]], value
+
+
+def test_hot_split_replay_places_split_keys_per_event(settings: Settings, topic: str) -> None:
+    """Every record of a split key lands on slots[event_id % k], the rule the job uses."""
+    counts, _ = learning_counts(flights_path(settings), 1.0, EVENTS)
+    base = LeastCountStrategy.from_counts(counts, PARTITIONS)
+    hottest = sorted(counts, key=lambda k: -counts[k])[:2]
+    first = base.assignment[hottest[0]]
+    second = base.assignment[hottest[1]]
+    split = {
+        hottest[0]: (first, (first + 3) % PARTITIONS, (first + 5) % PARTITIONS),  # three pieces
+        hottest[1]: (second, (second + 1) % PARTITIONS),  # two pieces
+    }
+    epoch = AssignmentStore.from_settings(settings, topic).publish(
+        "hot_split", PARTITIONS, base.assignment, base.loads, split=split
+    )
+    result = replay_flights(settings, topic, limit=EVENTS, strategy="hot_split", progress=False, workers=2)
+    assert (result.strategy, result.epoch, result.events_produced) == ("hot_split", epoch, EVENTS)
+    records = consume_all(settings, topic)
+    assert sorted(value["event_id"] for *_, value in records) == list(range(EVENTS))
+    seen_slots: dict[str, set[int]] = defaultdict(set)
+    for partition, _, key, value in records:
+        origin, event_id = value["origin"], value["event_id"]
+        assert key == origin.encode("utf-8")
+        slots = split.get(origin, (base.assignment[origin],))
+        assert partition == slots[event_id % len(slots)], (origin, event_id, partition)
+        seen_slots[origin].add(partition)
+    for origin, slots in split.items():
+        assert seen_slots[origin] == set(slots)  # every piece received records
+    assert dict(Counter(p for p, *_ in records)) == {p: c for p, c in result.per_partition.items() if c}
+    # order within a partition still follows the file for the split keys' pieces
+    by_partition = defaultdict(list)
+    for partition, offset, _, value in sorted(records, key=lambda r: (r[0], r[1])):
+        by_partition[partition].append(value["event_id"])
+    assert all(ids == sorted(ids) for ids in by_partition.values())
+
+
+@pytest.mark.parametrize(
+    ("published", "wanted", "message"),
+    [
+        (None, "least_count", "no least_count assignment is published for topic"),  # nothing published
+        (("least_key", PARTITIONS), "least_count", "is least_key over 8 slots"),  # another strategy
+        (("hot_split", 4), "hot_split", "is hot_split over 4 slots"),  # another P
+    ],
+)
+def test_learned_replay_without_a_matching_assignment_names_the_fix(
+    settings: Settings, topic: str, published, wanted: str, message: str
+) -> None:
+    if published is not None:
+        AssignmentStore.from_settings(settings, topic).publish(published[0], published[1], {"ORD": 0})
+    with pytest.raises(ConfigurationError, match=message) as info:
+        replay_flights(settings, topic, limit=10, strategy=wanted, progress=False)
+    assert f"keyshift topics create --strategy {wanted} --partitions {PARTITIONS} {topic}" in str(info.value)
+    assert end_offsets(settings, topic) == {p: 0 for p in range(PARTITIONS)}  # nothing was produced
