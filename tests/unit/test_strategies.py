@@ -223,6 +223,31 @@ def test_kafka_partitioner_accepts_bytearray_keys() -> None:
     assert partitioner.partition("flights", None, bytearray(b"ORD"), b"{}", b"{}", FakeCluster("flights", 8)) == 3
 
 
+
+def test_kafka_partitioner_forgets_its_memo_on_a_new_epoch() -> None:
+    strategy = CountingStrategy(partitions=4, slot=1)
+    partitioner = KafkaPartitioner(strategy)
+    cluster = FakeCluster("flights", 4)
+    place = lambda key: partitioner.partition("flights", None, key, b"{}", b"{}", cluster)  # noqa: E731
+    assert [place(b"ORD"), place(b"ORD"), place(b"ATL")] == [1, 1, 1]
+    assert strategy.calls == 2 and partitioner.epoch == 0  # one call per key within an epoch
+    strategy.slot = 3  # without a new epoch the memo stands (a key-affine strategy promised so)
+    assert place(b"ORD") == 1 and strategy.calls == 2
+    strategy.epoch = 1  # a new assignment is in force: every key is asked again
+    assert [place(b"ORD"), place(b"ATL"), place(b"ORD")] == [3, 3, 3]
+    assert strategy.calls == 4 and partitioner.epoch == 1 and len(partitioner.cache) == 2
+
+
+def test_kafka_partitioner_refuses_an_epoch_that_is_no_longer_key_affine() -> None:
+    strategy = CountingStrategy(partitions=4, slot=2)
+    partitioner = KafkaPartitioner(strategy)
+    cluster = FakeCluster("flights", 4)
+    assert partitioner.partition("flights", None, b"ORD", b"{}", b"{}", cluster) == 2
+    strategy.epoch, strategy.key_affine, strategy.name = 5, False, "hot_split"
+    with pytest.raises(PlacementError, match="epoch 5 of strategy 'hot_split', which is not key-affine"):
+        partitioner.partition("flights", None, b"ORD", b"{}", b"{}", cluster)
+
+
 # ---------------------------------------------------------------------------------------------
 # modulo (paper 000 §4.2.1 (1)): slot = int(key) mod P, floor modulo
 
