@@ -86,5 +86,7 @@ def flights(
         f"({result.events_per_s:,.0f} events/s, strategy {result.strategy}, epoch {result.epoch}, "
         f"{result.workers} worker(s))"
     )
+    for key, slots in result.split_keys.items():
+        click.echo(f"  {key} split over slots {', '.join(map(str, slots))}: event_id % {len(slots)} picks the slot")
     for partition, count in result.per_partition.items():
         click.echo(f"  partition {partition}: {count:>10,} produced, end offset {result.end_offsets[partition]:,}")

@@ -95,6 +95,8 @@ class ReplayResult:
         end_offsets: partition -> end offset after the replay (records in the partition).
         seconds: wall time from the first send to the last acknowledgement (s).
         workers: producer processes used.
+        split_keys: key -> its slots, for the keys placed per event (`slots[event_id % k]`;
+            hot_split only, else empty).
     """
 
     topic: str
@@ -106,6 +108,7 @@ class ReplayResult:
     end_offsets: dict[int, int]
     seconds: float
     workers: int
+    split_keys: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def events_per_s(self) -> float:
@@ -562,6 +565,8 @@ def read_replay_record(settings: Settings, topic: str) -> dict[str, object] | No
     for name in ("end_offsets", "per_partition"):
         if name in record:
             record[name] = {int(p): o for p, o in json.loads(record[name]).items()}
+    if "split_keys" in record:
+        record["split_keys"] = json.loads(record["split_keys"])
     for name in ("events_produced", "partitions", "epoch", "workers"):
         if name in record:
             record[name] = int(record[name])
@@ -585,7 +590,8 @@ def replay_flights(
     then compares each partition's end-offset growth with the records it sent, and stores its
     record in the Redis hash `keyshift.names.redis_replay_key(topic)`: `events_produced`,
     `end_offsets` (JSON), `per_partition` (JSON), `finished_at` (ISO 8601 UTC), `started_at`,
-    `seconds`, `events_per_s`, `strategy`, `epoch`, `partitions`, `workers`, `limit`, `rate`.
+    `seconds`, `events_per_s`, `strategy`, `epoch`, `partitions`, `workers`, `limit`, `rate`,
+    `split_keys` (JSON key -> slots).
 
     Args:
         settings: broker, Redis and cache locations.
@@ -700,6 +706,7 @@ def replay_flights(
         end_offsets=after,
         seconds=seconds,
         workers=len(jobs),
+        split_keys={key: list(slots) for key, slots in sorted(plan.split_by_key.items())},
     )
     store.hset(
         redis_replay_key(topic),
@@ -718,6 +725,7 @@ def replay_flights(
             "workers": result.workers,
             "limit": "" if limit is None else limit,
             "rate": "" if rate is None else rate,
+            "split_keys": json.dumps(result.split_keys),
             "source": str(path),
         },
     )

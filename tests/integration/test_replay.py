@@ -146,6 +146,8 @@ def test_hot_split_replay_places_split_keys_per_event(settings: Settings, topic:
     )
     result = replay_flights(settings, topic, limit=EVENTS, strategy="hot_split", progress=False, workers=2)
     assert (result.strategy, result.epoch, result.events_produced) == ("hot_split", epoch, EVENTS)
+    assert result.split_keys == {key: list(slots) for key, slots in sorted(split.items())}
+    assert read_replay_record(settings, topic)["split_keys"] == result.split_keys
     records = consume_all(settings, topic)
     assert sorted(value["event_id"] for *_, value in records) == list(range(EVENTS))
     seen_slots: dict[str, set[int]] = defaultdict(set)
