@@ -3,7 +3,9 @@
 `murmur2` holds Kafka's key hash exactly as the Java client computes it; `strategies` holds the
 one interface every strategy implements (`Strategy.slot_of(key) -> slot`), the registry
 `strategy_by_name`, the per-key `SlotCache`, and `KafkaPartitioner`, the adapter that plugs a
-strategy into kafka-python's producer.
+strategy into kafka-python's producer. `assignment_store` shares a learned assignment and its
+epoch through Redis (hot_split's split keys included); `learning` learns one from the head of the
+flights and publishes it; `tokens` and `spark_tokens` turn slots into Spark grouping tokens.
 """
 
 from keyshift.placement.murmur2 import murmur2, partition_for_key, to_positive

@@ -16,8 +16,9 @@ The contract every strategy keeps (`Strategy` below):
   hot_split) hold a **history assignment map** (paper 000, Algorithm 1): a key already in it
   keeps its slot; a new key is placed once, by the strategy's rule, and recorded. Placing a new
   key never moves a known one, so it does not change the epoch. These maps live in this process
-  only: several producers agree on them only through the Redis assignment store (another part of
-  issue 4), so build them there, or from the same counts (`from_counts`), before sharing them.
+  only: several producers agree on them only through the Redis assignment store
+  (`keyshift.placement.assignment_store`; `keyshift.placement.learning.learn_and_publish` builds
+  one from the flights' counts and publishes it), or by building them from the same counts.
 
 The strategies and the source of each rule:
 
@@ -563,7 +564,9 @@ class HotSplitStrategy:
 
     The strategy is not key-affine (`key_affine = False`: never cache it per key). A job that
     uses it must merge a split key's partial aggregates across its slots before output, and
-    only associative aggregates (count, sum, max ...) can be split; that merge is not built yet.
+    only associative aggregates (count, sum, max ...) can be split. The replayer and the flight
+    delay job use the event id (row number in the flights) as the sequence number:
+    `slots[event_id % k]`, so a record's Kafka partition is its Spark slot.
 
     Attributes:
         partitions: P >= 1.
