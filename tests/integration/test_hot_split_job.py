@@ -74,8 +74,10 @@ def runs(settings, spark):
             partitions=PARTITIONS, limit=FLIGHTS, max_offsets_per_trigger=BATCH, bound_ms=3_600_000, idle_timeout_s=240,
         )
         summaries[strategy] = run_flight_delays(settings, config, starting="earliest", spark=spark)
+    final = store.snapshot()  # keys first seen after the first 10 % were placed by the atomic assign
     store.delete()
-    return {"summaries": summaries, "split": split, "mapping": mapping, "epoch": epoch, "flights": flights}
+    assert final["epoch"] == epoch and {k: tuple(v) for k, v in final["split"].items()} == split
+    return {"summaries": summaries, "split": split, "mapping": final["mapping"], "epoch": epoch, "flights": flights}
 
 
 def _windows(settings, summary) -> pd.DataFrame:
