@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from keyshift import names
-from keyshift.errors import ConfigurationError
+from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.monitoring.results import DEFAULT_KEEP
 from keyshift.settings import Settings
 
@@ -148,6 +148,31 @@ def monitor_params(raw: dict[str, Any]) -> MonitorParams:
         raise ConfigurationError(f"bad monitor parameters: {problems}") from exc
 
 
+def _published_in_force(settings: Settings, topic: str, strategy: str, partitions: int):
+    """The learned strategy in force as published in Redis under `topic` (a local copy), or None.
+
+    None for a rule strategy (hash: nothing to read), when nothing is published, or when the
+    published assignment is another strategy's or another P's (then the evaluation rebuilds the
+    strategy from the sample, and says so in the record's `in_force_assignment`).
+    """
+    from keyshift.placement.assignment_store import AssignmentStore, strategy_from_snapshot
+    from keyshift.processing.flight_delays import LEARNED_STRATEGIES
+
+    if strategy not in LEARNED_STRATEGIES:
+        return None
+    try:
+        snapshot = AssignmentStore.from_settings(settings, topic).snapshot()
+    except PlacementError:
+        log.warning("%s: no %s assignment published in Redis; scoring it as rebuilt from the sample", topic, strategy)
+        return None
+    if snapshot["strategy"] != strategy or snapshot["partitions"] != partitions:
+        log.warning("%s: the published assignment is %s over %d slots, not %s over %d; scoring %s as rebuilt from the sample",
+                    topic, snapshot["strategy"], snapshot["partitions"], strategy, partitions, strategy)
+        return None
+    log.info("%s: scoring %s with its published assignment (epoch %d, %d units)", topic, strategy, snapshot["epoch"], len(snapshot["mapping"]))
+    return strategy_from_snapshot(snapshot)
+
+
 def evaluate_topic(
     settings: Settings, params: MonitorParams, *, now: datetime | None = None, save: bool = True, monitor_run_id: str | None = None
 ) -> dict[str, Any]:
@@ -217,9 +242,12 @@ def evaluate_topic(
     if last is not None:
         trigger.record_switch(last.strategy_from, last.strategy_to, last.at_s, last.migration_s)
 
+    in_force = _published_in_force(settings, topic, params.strategy, partitions)
+    context["in_force_assignment"] = f"published epoch {in_force.epoch}" if in_force is not None else "rebuilt from the sample"
+
     evaluation = None
     if sampler.counts:
-        evaluation = evaluate_sample(sampler.counts, partitions, params.strategy, labels=params.candidates)
+        evaluation = evaluate_sample(sampler.counts, partitions, params.strategy, assignment=in_force, labels=params.candidates)
         decision = trigger.observe(evaluation, now_s, sum(arrived))
     else:
         decision = Decision(False, params.strategy, f"{params.trigger}: no events sampled ({sum(arrived)} arrived {since}); nothing to rebalance", 0.0, params.trigger)

@@ -57,6 +57,7 @@ from keyshift.errors import PlacementError, StackError
 from keyshift.names import REDIS_PREFIX
 from keyshift.placement.strategies import (
     STRATEGY_NAMES,
+    Strategy,
     bucket_of,
     check_buckets,
     check_epoch,
@@ -642,6 +643,36 @@ class AssignmentStore:
             self.client.delete(self.keys.map, self.keys.split, self.keys.loads, self.keys.meta)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise self._unreachable(exc) from exc
+
+
+def strategy_from_snapshot(snapshot: Mapping[str, Any]) -> Strategy:
+    """A local, in-memory copy of a published learned assignment, as its `Strategy` class.
+
+    What an evaluation scores the strategy in force with: its real history map (and split units),
+    not one rebuilt from the sample. Keys the copy lacks are placed by the strategy's own rule on
+    the copy only (as the store's atomic assign would place them), so nothing is written to Redis.
+
+    Args:
+        snapshot: `AssignmentStore.snapshot()` of a least_key, least_count or hot_split assignment.
+
+    Returns:
+        A `LeastKeyStrategy`, `LeastCountStrategy` or `HotSplitStrategy` with the snapshot's
+        partitions, epoch, buckets, map and loads (hot_split: split units keep all their slots).
+
+    Raises:
+        PlacementError: the snapshot's strategy is not a learned one.
+    """
+    from keyshift.placement.strategies import HotSplitStrategy, LeastCountStrategy, LeastKeyStrategy
+
+    common = {"partitions": snapshot["partitions"], "epoch": snapshot["epoch"], "buckets": snapshot["buckets"], "loads": list(snapshot["loads"])}
+    if snapshot["strategy"] == HotSplitStrategy.name:
+        split = snapshot.get("split") or {}
+        units = {unit: tuple(split.get(unit, (slot,))) for unit, slot in snapshot["mapping"].items()}
+        return HotSplitStrategy(assignment=units, **common)
+    for cls in (LeastKeyStrategy, LeastCountStrategy):
+        if snapshot["strategy"] == cls.name:
+            return cls(assignment=dict(snapshot["mapping"]), **common)
+    raise PlacementError(f"assignment {snapshot.get('name')!r} holds {snapshot['strategy']!r}, not a learned strategy")
 
 
 class CachedAssignment:

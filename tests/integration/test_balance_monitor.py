@@ -198,3 +198,25 @@ def test_cli_show_reads_redis_then_falls_back_to_parquet(stack_settings, topic, 
     assert fallback.exit_code == 0 and "(read from parquet)" in fallback.output and "switch to least_count" in fallback.output, fallback.output
     missing = CliRunner().invoke(cli, ["balance", "show", "--topic", "keyshift-never-monitored"])
     assert missing.exit_code != 0 and "keyshift balance evaluate --topic keyshift-never-monitored" in str(missing.exception)
+
+
+def test_learned_strategy_in_force_is_scored_with_its_published_map(stack_settings, topic, tmp_path):
+    """least_count in force is scored with the map published in Redis, not one rebuilt from the sample."""
+    from keyshift.orchestration.monitor import evaluate_topic, monitor_params
+    from keyshift.placement.assignment_store import AssignmentStore
+
+    settings = Settings(runs_dir=tmp_path)
+    store = AssignmentStore.from_settings(settings, topic)
+    store.publish("least_count", 4, {"A": 0, "B": 0, "C": 0, "D": 0}, [100, 0, 0, 0])  # a bad map: all on slot 0
+    try:
+        _send(stack_settings, topic, {"A": 40, "B": 30, "C": 20, "D": 10, "E": 5})
+        params = monitor_params({"topic": topic, "strategy": "least_count", "trigger": "threshold", "theta": 0.5,
+                                 "sample_fraction": 1.0, "candidates": ["hash", "least_count"]})
+        record = evaluate_topic(settings, params, save=False)["record"]
+        assert record["in_force_assignment"] == "published epoch 1"
+        least = next(r for r in record["evaluation"]["results"] if r["strategy"] == "least_count")
+        assert least["in_force"] and list(least["loads"]) == [100, 5, 0, 0]  # E, new to the map, went to the least-loaded slot
+        assert least["balance_degree"] == 0.0  # eq. 1: min/max; rebuilt from the sample it would be near 1
+        assert store.snapshot()["mapping"] == {"A": 0, "B": 0, "C": 0, "D": 0}  # scoring wrote nothing to Redis
+    finally:
+        store.delete()
