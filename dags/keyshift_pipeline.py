@@ -2,7 +2,9 @@
 ### keyshift pipeline: real flights → Kafka → Spark flight delay job → verified summary
 
 Trigger it with the form's params (strategy, partitions P, `limit` events, `rate` events/s,
-watermark `bound_ms`). Every run: `provision_topics` (idempotent) → `replay` (real flights into
+watermark `bound_ms`). Every run: `provision_topics` (idempotent; for least_key, least_count and
+hot_split it also learns the assignment from the first 10 % of the run's flights and publishes it
+in Redis with a new epoch) → `replay` (real flights into
 the input topic; the job starts reading where this replay began) → `choose_mode`, then
 
 * **bounded** (`limit` > 0): `spark_submit` (SparkSubmitOperator on connection `spark_default`;
@@ -59,10 +61,13 @@ RUN_ID = "{{ job_run_id(run_id) }}"
 )
 def keyshift_pipeline():
     @task
-    def provision_topics(params=None) -> dict[str, int]:
+    def provision_topics(params=None) -> dict:
         from keyshift.settings import Settings
 
-        return pipeline.provision(Settings(), int(params["partitions"]))
+        settings, partitions = Settings(), int(params["partitions"])
+        topics = pipeline.provision(settings, partitions)
+        assignment = pipeline.publish_assignment(settings, params["strategy"], partitions, params["limit"])
+        return {"topics": topics, "assignment": assignment}
 
     @task
     def replay(params=None) -> dict:

@@ -27,9 +27,11 @@ from keyshift.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
 
-STRATEGIES: tuple[str, ...] = ("hash",)
-"""Strategies the pipeline offers in its trigger form. Extend when `keyshift.placement` gains
-one the flight delay job accepts (`modulo`, `least_key`, `least_count`, `weight`, ...)."""
+STRATEGIES: tuple[str, ...] = ("hash", "least_key", "least_count", "hot_split")
+"""Strategies the pipeline offers in its trigger form: those the flight delay job accepts over
+the flights' origin keys (`modulo` needs integer keys). The learned ones (least_key, least_count,
+hot_split) are learned from the first 10 % of the run's flights and published in Redis under the
+input topic by `publish_assignment`, before the replay and the job read them."""
 
 APPLICATION: Path = PROJECT_ROOT / "spark_jobs" / "flight_delays.py"
 """The Spark application the pipeline submits (it sets its own `spark.jars`)."""
@@ -138,6 +140,41 @@ def provision(settings: Settings, partitions: int, topics: tuple[str, ...] = nam
             f"trigger the run with partitions={input_count}, or delete the topic first"
         )
     return counts
+
+
+def publish_assignment(
+    settings: Settings, strategy: str, partitions: int, limit: int | None, topic: str = names.FLIGHTS_TOPIC
+) -> dict[str, Any] | None:
+    """Learn and publish a learned strategy's assignment for the run; nothing for a rule strategy.
+
+    For least_key, least_count and hot_split: `keyshift.placement.learning.learn_and_publish`
+    over the first 10 % of the `limit` flights (all 3,000,000 when `limit` is None/0), published
+    under `topic` with a new epoch, so the replay and the job place every key alike.
+
+    Returns:
+        None for hash; else `{"strategy", "epoch", "keys", "events", "split"}` (split: key ->
+        list of slots), JSON-safe for XCom.
+
+    Raises:
+        ConfigurationError: a strategy the pipeline does not offer. StackError: Redis is down.
+        DataError: the flights are not fetched.
+    """
+    from keyshift.placement.learning import learn_and_publish
+    from keyshift.processing.flight_delays import LEARNED_STRATEGIES
+
+    validate_strategy(strategy)
+    if strategy not in LEARNED_STRATEGIES:
+        return None
+    learned = learn_and_publish(settings, topic, strategy, partitions, limit if is_bounded(limit) else None)
+    log.info(
+        "Published %s for %r: epoch %d, %d keys learned from %d flights, split keys %s",
+        strategy, topic, learned.epoch, learned.keys, learned.events,
+        ", ".join(f"{key} on {list(slots)}" for key, slots in sorted(learned.split.items())) or "none",
+    )
+    return {
+        "strategy": strategy, "epoch": learned.epoch, "keys": learned.keys, "events": learned.events,
+        "split": {key: list(slots) for key, slots in sorted(learned.split.items())},
+    }
 
 
 def replay(
