@@ -570,3 +570,22 @@ def test_detached_launch_fails_fast_naming_log(stack_settings, run_id, tmp_path)
                           application=app, startup_check_s=60.0)
     assert str(pipeline.driver_log_path(settings, run_id)) in str(failure.value)
     assert launch.read_run_record(settings, run_id)["state"] == "failed"
+
+
+def test_provisioning_publishes_a_learned_strategy_and_nothing_for_hash(stack_settings):
+    from keyshift.placement.assignment_store import AssignmentStore
+
+    topic = f"keyshift-test-pipeline-{uuid.uuid4().hex[:8]}"
+    store = AssignmentStore.from_settings(stack_settings, topic)
+    try:
+        assert pipeline.publish_assignment(stack_settings, "hash", 4, 20_000, topic=topic) is None
+        published = pipeline.publish_assignment(stack_settings, "least_count", 4, 20_000, topic=topic)
+        assert published["epoch"] == 1 and published["events"] == 2_000 and published["split"] == {}  # first 10 % of 20,000
+        snapshot = store.snapshot()
+        assert snapshot["strategy"] == "least_count" and snapshot["partitions"] == 4 and len(snapshot["mapping"]) == published["keys"]
+        again = pipeline.publish_assignment(stack_settings, "hot_split", 4, 20_000, topic=topic)
+        assert again["epoch"] == 2 and store.snapshot()["strategy"] == "hot_split"
+        with pytest.raises(ConfigurationError, match="modulo"):
+            pipeline.publish_assignment(stack_settings, "modulo", 4, 20_000, topic=topic)
+    finally:
+        store.delete()
