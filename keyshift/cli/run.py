@@ -6,6 +6,8 @@ import json
 
 import click
 
+from keyshift.processing.flight_delays import JOB_STRATEGIES
+
 
 @click.group(name="run")
 def command() -> None:
@@ -15,7 +17,7 @@ def command() -> None:
 @command.command(name="demo")
 @click.option("--run-id", default=None, help="Run id; default demo-<UTC time>-<hex>.")
 @click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots.")
-@click.option("--strategy", default="hash", help="Placement strategy.")
+@click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy; least_key, least_count and hot_split are learned from the first 10 % of the flights and published in Redis.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Flights to replay; default all 3,000,000.")
 @click.option("--rate", type=click.FloatRange(min=1), default=None, help="Replay rate, events/s; default as fast as possible.")
 @click.option("--bound-ms", type=click.IntRange(min=0), default=172_800_000, help="Watermark bound, ms of event time. Two days: a backfill reads partitions in offset proportion and their event times drift apart by up to 21.5 h (hash) and 37 h (least_count) on flights-3m at P=8; a smaller bound makes events late (counted, sent to flights-late).")
