@@ -34,3 +34,14 @@ def spark(settings):
     session = build_spark_session("keyshift-tests", "local[2]", spark_conf(4, jars=connector_jars(settings), driver_memory="3g"))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_settings(settings):
+    """The default settings, once Kafka and Redis answer; skips the test when they do not."""
+    from keyshift.stack.process import port_open
+
+    for what, host, port in (("Kafka", settings.kafka_host, settings.kafka_port), ("Redis", settings.redis_host, settings.redis_port)):
+        if not port_open(host, port):
+            pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
+    return settings

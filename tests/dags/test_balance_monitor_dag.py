@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -80,22 +79,6 @@ def test_switch_dag_is_manual_and_says_migration_is_later(bag):
 
 # ---------------------------------------------------------------- integration
 
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def stack_settings() -> Settings:
-    settings = Settings()
-    for what, host, port in (("Kafka", settings.kafka_host, settings.kafka_port), ("Redis", settings.redis_host, settings.redis_port)):
-        if not _port_open(host, port):
-            pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
-    return settings
 
 
 # dag.test() needs a metadata database: a fresh interpreter with its own AIRFLOW_HOME (SQLite),

@@ -291,23 +291,6 @@ def test_conclude_run_continuous_without_summary(tmp_path):
 # ---------------------------------------------------------------- integration
 
 
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def stack_settings() -> Settings:
-    settings = Settings()
-    for what, host, port in (("Kafka", settings.kafka_host, settings.kafka_port),
-                             ("Redis", getattr(settings, "redis_host", "127.0.0.1"), settings.redis_port)):
-        if not _port_open(host, port):
-            pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
-    return settings
-
 
 @pytest.fixture
 def redis_client(stack_settings):

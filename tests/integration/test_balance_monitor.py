@@ -9,7 +9,6 @@ topic and Redis keys of its own and removes them.
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 
 import pytest
@@ -21,22 +20,6 @@ from keyshift.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def stack_settings() -> Settings:
-    settings = Settings()
-    for what, host, port in (("Kafka", settings.kafka_host, settings.kafka_port), ("Redis", settings.redis_host, settings.redis_port)):
-        if not _port_open(host, port):
-            pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
-    return settings
 
 
 @pytest.fixture
