@@ -12,8 +12,7 @@ import logging
 from typing import Any
 
 from keyshift.names import FLIGHT_TOPICS, FLIGHTS_TOPIC
-from keyshift.placement.learning import LEARN_FRACTION, publish_learned_assignment  # noqa: F401 - LEARN_FRACTION kept for callers of demo
-from keyshift.processing.flight_delays import LEARNED_STRATEGIES
+from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,10 +57,9 @@ def run_demo(
 
     log.info("demo %s: creating topics %s with %d partitions", run_id, ", ".join(FLIGHT_TOPICS), partitions)
     create_topics(settings, FLIGHT_TOPICS, partitions, recreate=True)
-    placer = strategy
-    if strategy in LEARNED_STRATEGIES:
-        placer = publish_learned_assignment(settings, FLIGHTS_TOPIC, strategy, partitions, limit)
-    replay = replay_flights(settings, FLIGHTS_TOPIC, limit=limit, rate=rate, strategy=placer, partitions=partitions)
+    if strategy in LEARNED_STRATEGIES:  # the replay and the job read what this publishes
+        learn_and_publish(settings, FLIGHTS_TOPIC, strategy, partitions, limit)
+    replay = replay_flights(settings, FLIGHTS_TOPIC, limit=limit, rate=rate, strategy=strategy, partitions=partitions)
     log.info("demo %s: replayed %d flights", run_id, replay.events_produced)
 
     spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, spark_conf(partitions, jars=connector_jars(settings)))

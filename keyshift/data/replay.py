@@ -55,7 +55,7 @@ from keyshift.data.flights import FLIGHTS_3M, flights_path
 from keyshift.errors import ConfigurationError, DataError, PlacementError, StackError
 from keyshift.names import redis_replay_key
 from keyshift.placement.learning import LEARNED_STRATEGIES, published_assignment
-from keyshift.placement.strategies import SlotCache, Strategy, strategy_by_name
+from keyshift.placement.strategies import SlotCache, Strategy, place_events, strategy_by_name
 from keyshift.settings import Settings
 from keyshift.topics import describe_topics, end_offsets, kafka_config
 
@@ -293,11 +293,8 @@ class PlacementPlan:
 def event_slots(
     keys: list[str], codes: np.ndarray, event_ids: np.ndarray, slot_by_key: dict[str, int], split_by_key: dict
 ) -> np.ndarray:
-    """The slot of each event, vectorized: the key's slot, or `slots[event_id % k]` for a split key.
-
-    The per-event rule of a split key (hot_split) is `HotSplitStrategy.slot_for_event` with the
-    event id as the sequence number; the job applies the same rule, so a record's Kafka
-    partition equals its Spark slot.
+    """The slot of each event: the key's slot, or `slots[event_id % k]` for a split key
+    (`keyshift.placement.strategies.place_events`, the rule the job applies too).
 
     Args:
         keys: the distinct keys of a batch (a dictionary). codes: int array, each event's index
@@ -312,16 +309,8 @@ def event_slots(
         KeyError: a key of `keys` missing from `slot_by_key`.
     """
     key_slots = np.fromiter((slot_by_key[k] for k in keys), dtype=np.int64, count=len(keys))
-    split = [(code, split_by_key[k]) for code, k in enumerate(keys) if k in split_by_key]
-    if not split:
-        return key_slots[codes]
-    width = max(len(slots) for _, slots in split)
-    table = np.repeat(key_slots[:, None], width, axis=1)  # cold key: its slot in every column
-    pieces = np.ones(len(keys), dtype=np.int64)
-    for code, slots in split:
-        table[code, : len(slots)] = slots
-        pieces[code] = len(slots)
-    return table[codes, np.asarray(event_ids, dtype=np.int64) % pieces[codes]]
+    pieces = {code: split_by_key[k] for code, k in enumerate(keys) if k in split_by_key}
+    return place_events(codes, event_ids, key_slots, pieces)
 
 
 def plan_placement(path: Path, strategy: Strategy, limit: int | None = None) -> PlacementPlan:

@@ -234,18 +234,3 @@ def published_assignment(
             f"(epoch {view.epoch}), not {strategy} over {partitions}; {fix}"
         )
     return view
-
-
-def publish_learned_assignment(
-    settings: Settings, topic: str, strategy: str, partitions: int, limit: int | None, fraction: float = LEARN_FRACTION
-) -> CachedAssignment:
-    """`learn_and_publish`, returning the producers' cached view of the published assignment.
-
-    Keys first seen later are placed by the store's atomic assign when a producer meets them.
-    Arguments and errors as `learn_and_publish`; `limit` 0 or None means all flights.
-
-    Returns:
-        A `CachedAssignment` of the assignment named `topic` (key-affine unless hot_split).
-    """
-    learn_and_publish(settings, topic, strategy, partitions, limit or None, fraction)
-    return CachedAssignment(AssignmentStore.from_settings(settings, topic))

@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
+import numpy as np
 from kafka.partitioner import Partitioner
 
 from keyshift.errors import PlacementError
@@ -756,6 +757,38 @@ def strategy_by_name(name: str, partitions: int, **options: object) -> Strategy:
         return factory(partitions=partitions, **options)
     except TypeError as exc:
         raise PlacementError(f"strategy {name!r} does not take options {sorted(options)}: {exc}") from exc
+
+
+def place_events(
+    codes: np.ndarray, event_ids: np.ndarray, per_key: np.ndarray, pieces: Mapping[int, Sequence[int]]
+) -> np.ndarray:
+    """hot_split's per-event rule over a batch, vectorized: the one rule replay and job share.
+
+    A key placed whole gives every event its value; a split key with k pieces gives event
+    `event_id` the value of piece `event_id mod k` (`HotSplitStrategy.slot_for_event` with the
+    event id as the sequence number). The values are slots (the replay's Kafka partitions) or
+    the slots' tokens (the job's grouping values), so a record's partition is its Spark slot.
+
+    Args:
+        codes: int array, each event's key index (into `per_key`).
+        event_ids: int array, each event's id (>= 0; the flights' row number).
+        per_key: array of one value per key index (its slot, or its slot's token).
+        pieces: key index -> the values of its pieces (two or more; piece i on element i), for
+            the split keys only; empty when no key is split.
+
+    Returns:
+        An array of `per_key`'s dtype, one value per event.
+    """
+    per_key = np.asarray(per_key)
+    if not pieces:
+        return per_key[codes]
+    width = max(len(values) for values in pieces.values())
+    table = np.repeat(per_key[:, None], width, axis=1)  # a whole key: its value in every column
+    k = np.ones(len(per_key), dtype=np.int64)
+    for code, values in pieces.items():
+        table[code, : len(values)] = values
+        k[code] = len(values)
+    return table[codes, np.asarray(event_ids, dtype=np.int64) % k[codes]]
 
 
 class SlotCache:

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from keyshift.errors import ConfigurationError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
+from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.local_merge import INPUT_COLUMNS, PARTIAL_SCHEMA, local_merge_function
 from keyshift.processing.processor import OUTPUT_SCHEMA, FlightDelayProcessor
@@ -28,12 +29,12 @@ EVENT_TIME_COLUMN = "event_ts"
 
 RULE_STRATEGIES = ("hash", "modulo")
 """Strategies each executor can compute itself: a pure function of the key."""
-LEARNED_STRATEGIES = ("least_key", "least_count", "hot_split")
-"""Strategies with a history map (paper 000 Algorithm 1; hot_split, ours, also splits hot keys):
-the job reads the assignment published in Redis under the input topic's name
-(`keyshift.placement.assignment_store`) at start, so every executor and every producer place a
-key on the same slot (a split key's event on the same piece's slot)."""
 JOB_STRATEGIES = RULE_STRATEGIES + LEARNED_STRATEGIES
+"""Strategies the job places with. The learned ones (`LEARNED_STRATEGIES`: least_key, least_count
+of paper 000 Algorithm 1, and our hot_split) have a history map: the job reads the assignment
+published in Redis under the input topic's name (`keyshift.placement.assignment_store`) at
+start, so every executor and every producer place a key on the same slot (a split key's event
+on the same piece's slot)."""
 
 
 def check_job_strategy(name: str) -> str:

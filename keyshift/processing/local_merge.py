@@ -22,6 +22,7 @@ from pyspark.sql import types as T
 
 from keyshift.eventtime.windows import window_starts_ms
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
+from keyshift.placement.strategies import place_events
 from keyshift.processing.records import PARSED_COLUMNS
 
 PARTIAL_SCHEMA = T.StructType(
@@ -62,8 +63,9 @@ def row_tokens(
     """The slot token of every event: its key's token, or for a split key the token of its piece.
 
     A split key (hot_split) with slots (s_0, ..., s_{k-1}) sends event `event_id` to slot
-    s_(event_id mod k): the rule the replay places Kafka records by, so a split key's records
-    reach the stateful slot of the partition they were written to (Ahead KeyBy).
+    s_(event_id mod k) (`keyshift.placement.strategies.place_events`, the rule the replay places
+    Kafka records by), so a split key's records reach the stateful slot of the partition they
+    were written to (Ahead KeyBy).
 
     Args:
         origin_codes: int array, one code per event, indexing `origin_names` (`pd.factorize`).
@@ -76,15 +78,8 @@ def row_tokens(
         An int32 array of tokens, one per event.
     """
     per_key = np.array([token_of(name) for name in origin_names], dtype=np.int32)
-    result = per_key[origin_codes]
-    if split_tokens:
-        for code, name in enumerate(origin_names):
-            pieces = split_tokens.get(name)
-            if pieces is None:
-                continue
-            mine = origin_codes == code
-            result[mine] = pieces[event_ids[mine] % len(pieces)]
-    return result
+    pieces = {code: split_tokens[name] for code, name in enumerate(origin_names) if name in (split_tokens or {})}
+    return place_events(origin_codes, event_ids, per_key, pieces)
 
 
 def partials_of(

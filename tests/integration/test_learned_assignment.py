@@ -9,7 +9,7 @@ import pytest
 
 from keyshift.data.flights import fetch_flights, flights_path
 from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment
-from keyshift.placement.learning import learn_and_publish, publish_learned_assignment
+from keyshift.placement.learning import learn_and_publish, published_assignment
 from keyshift.placement.strategies import HotSplitStrategy, LeastKeyStrategy
 from keyshift.settings import Settings
 
@@ -51,7 +51,8 @@ def test_hot_split_at_32_slots_publishes_its_split_keys(settings: Settings, name
 
 
 def test_least_key_learns_in_arrival_order_from_ten_percent_of_the_limit(settings: Settings, name: str) -> None:
-    view = publish_learned_assignment(settings, name, "least_key", 8, limit=50_000)
+    learn_and_publish(settings, name, "least_key", 8, limit=50_000)
+    view = published_assignment(settings, name, "least_key", 8)
     assert isinstance(view, CachedAssignment) and view.key_affine and view.epoch == 1
     reference = LeastKeyStrategy.from_counts(head_counts(settings, 5_000), 8)
     snap = AssignmentStore.from_settings(settings, name).snapshot()
