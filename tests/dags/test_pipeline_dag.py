@@ -379,9 +379,13 @@ _DAG_TEST_CONTINUOUS = textwrap.dedent(
                     return
             time.sleep(1)
 
-    threading.Thread(target=stopper, daemon=True).start()
+    stopper_thread = threading.Thread(target=stopper, daemon=True)
+    stopper_thread.start()
     dag = DagBag(dag_folder=sys.argv[1]).dags["keyshift_pipeline"]
     run = dag.test(run_conf={"limit": 0, "partitions": int(sys.argv[2])}, mark_success_pattern=r"replay")
+    # the job can end, and the DAG run with it, before stop_job() returns to the stopper
+    # (it also waits for the run record): wait for the stopper's own answer
+    stopper_thread.join(timeout=120)
     from airflow.utils.session import create_session
     with create_session() as session:
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
