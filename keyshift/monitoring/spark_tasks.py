@@ -1,15 +1,18 @@
-"""Per-slot task time of the stateful stage, read from Spark's monitoring REST API.
+"""Per-slot task time of a query's keyed stages, read from Spark's monitoring REST API.
 
 Load is time as well as events: with one core per slot a micro-batch lasts as long as its slowest
-stateful task. Each micro-batch of a query runs its stateful operator in one stage of P tasks
-whose partition index is the slot (the slot-token placement puts slot s on partition s); this
-module reads those tasks' `executorRunTime` from `/api/v1/applications/<app>/stages`.
+task in each stage. Each micro-batch of the flight delay job runs two stages of P tasks whose
+partition index is the slot: the source stage reads Kafka partition s (Ahead KeyBy puts slot s's
+keys there), parses and runs Local Merge; the stateful stage runs slot s's state (the slot-token
+placement puts slot s on shuffle partition s). This module reads those tasks' `executorRunTime`
+from `/api/v1/applications/<app>/stages`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -19,19 +22,43 @@ log = logging.getLogger(__name__)
 _BATCH = re.compile(r"^batch = (\d+)$", re.MULTILINE)
 
 
-def stateful_task_seconds(ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0) -> dict[int, list[float]]:
-    """Executor run time per slot of each micro-batch's stateful stage, in seconds.
+@dataclass(frozen=True)
+class KeyedStageTaskSeconds:
+    """Per-slot executor run time of the two keyed stages of each micro-batch, in seconds.
+
+    Attributes:
+        source: batch id -> P floats (index = Kafka partition = slot): the stage that reads the
+            topic, parses and runs Local Merge. Under Ahead KeyBy a partition holds its slot's
+            events, so this is where a slot's event load becomes time.
+        stateful: batch id -> P floats (index = slot): the stateful operator's stage. It reads
+            Local Merge's partial aggregates, one row per (key, window, piece) per source task,
+            so its work follows the keys and windows a slot holds more than its events.
+    """
+
+    source: dict[int, list[float]]
+    stateful: dict[int, list[float]]
+
+
+def keyed_stage_task_seconds(
+    ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0
+) -> KeyedStageTaskSeconds:
+    """Executor run time per slot of each micro-batch's source and stateful stages, in seconds.
+
+    A batch's stages are those of P tasks whose description starts with the query's name and
+    carries `batch = N`. The source stage is the batch's first such stage that read input
+    records; the stateful stage is its last one that writes no shuffle (the source stage writes
+    the shuffle to the stateful operator).
 
     Args:
         ui_url: the Spark UI address (`SparkContext.uiWebUrl`).
         app_id: `SparkContext.applicationId`.
         query_name: the streaming query's name (the first line of its stages' descriptions).
-        partitions: P; only stages of exactly P tasks are stateful stages of the query.
+        partitions: P; only stages of exactly P tasks are keyed stages of the query.
         timeout_s: HTTP timeout per request, seconds.
 
     Returns:
-        batch id -> list of P floats (seconds, index = slot), for the batches whose stages the UI
-        still retains (`spark.ui.retainedStages`, 1,000 by default).
+        Both stages' batch id -> list of P floats (seconds, index = slot), for the batches whose
+        stages the UI still retains (`spark.ui.retainedStages`, 1,000 by default).
 
     Raises:
         requests.RequestException: when the UI does not answer.
@@ -39,39 +66,56 @@ def stateful_task_seconds(ui_url: str, app_id: str, query_name: str, partitions:
     base = f"{ui_url.rstrip('/')}/api/v1/applications/{app_id}"
     with requests.Session() as http:
         stages = http.get(f"{base}/stages", params={"status": "complete"}, timeout=timeout_s).json()
-        by_batch: dict[int, dict[str, Any]] = {}
+        source: dict[int, dict[str, Any]] = {}
+        stateful: dict[int, dict[str, Any]] = {}
         for stage in stages:
             description = stage.get("description") or ""
             match = _BATCH.search(description)
             if not match or not description.startswith(query_name + "\n") or stage.get("numTasks") != partitions:
                 continue
-            if stage.get("shuffleWriteRecords", 0) > 0:
-                continue  # the map side (source, parse, Local Merge) writes the shuffle
             batch = int(match.group(1))
-            # the stateful stage is the batch's last stage that writes no shuffle
-            if batch not in by_batch or stage["stageId"] > by_batch[batch]["stageId"]:
-                by_batch[batch] = stage
-        result: dict[int, list[float]] = {}
-        for batch, stage in sorted(by_batch.items()):
-            tasks = http.get(
-                f"{base}/stages/{stage['stageId']}/{stage['attemptId']}/taskList",
-                params={"length": partitions * 4},
-                timeout=timeout_s,
-            ).json()
-            seconds = [0.0] * partitions
-            for task in tasks:
-                if task.get("status") == "SUCCESS" and 0 <= task["index"] < partitions:
-                    seconds[task["index"]] = task["taskMetrics"]["executorRunTime"] / 1000.0
-            result[batch] = seconds
-    return result
+            if stage.get("inputRecords", 0) > 0 and (batch not in source or stage["stageId"] < source[batch]["stageId"]):
+                source[batch] = stage
+            if stage.get("shuffleWriteRecords", 0) == 0 and (batch not in stateful or stage["stageId"] > stateful[batch]["stageId"]):
+                stateful[batch] = stage
+        return KeyedStageTaskSeconds(
+            source={batch: _task_seconds(http, base, stage, partitions, timeout_s) for batch, stage in sorted(source.items())},
+            stateful={batch: _task_seconds(http, base, stage, partitions, timeout_s) for batch, stage in sorted(stateful.items())},
+        )
+
+
+def _task_seconds(http: requests.Session, base: str, stage: dict[str, Any], partitions: int, timeout_s: float) -> list[float]:
+    """The successful tasks' `executorRunTime` of one stage, seconds, index = partition (slot)."""
+    tasks = http.get(
+        f"{base}/stages/{stage['stageId']}/{stage['attemptId']}/taskList",
+        params={"length": partitions * 4},
+        timeout=timeout_s,
+    ).json()
+    seconds = [0.0] * partitions
+    for task in tasks:
+        if task.get("status") == "SUCCESS" and 0 <= task["index"] < partitions:
+            seconds[task["index"]] = task["taskMetrics"]["executorRunTime"] / 1000.0
+    return seconds
+
+
+def after_warmup(per_batch: dict[int, list[float]]) -> dict[int, list[float]]:
+    """`per_batch` without its first batch, the one that starts Python workers and state stores.
+
+    With fewer cores than slots (`local[2]`, P = 8) only the first wave of tasks pays that
+    start-up, so batch 0 alone makes slots 0 and 1 look slow; on one core per slot every slot
+    would pay it at once.
+    """
+    first = min(per_batch, default=None)
+    return {batch: seconds for batch, seconds in per_batch.items() if batch != first}
 
 
 def makespan_ratio(per_batch: dict[int, list[float]]) -> float | None:
     """Σ over batches of the slowest slot's time / Σ of the mean slot time (1.0 is perfect).
 
-    A batch lasts as long as its slowest stateful task when each slot has its own core, so this
-    is the run's stateful time over what perfectly even slots would have taken. None without
-    batches or when no task ran for any time.
+    A stage of a batch lasts as long as its slowest task when each slot has its own core, so this
+    is the stage's time over the run against what perfectly even slots would have taken.
+    `per_batch` maps batch id -> P task times (seconds). None without batches or when no task
+    ran for any time.
     """
     total_max = sum(max(seconds) for seconds in per_batch.values())
     total_mean = sum(sum(seconds) / len(seconds) for seconds in per_batch.values())

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
-from keyshift.monitoring.spark_tasks import makespan_ratio, stateful_task_seconds
+from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
 from keyshift.processing.records import end_of_input_marker
@@ -282,7 +282,7 @@ def run_flight_delays(
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
         pending = pending_events(spark, recorder.run_dir / "checkpoint")
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
-        summary.update(_task_time_summary(spark, query.name, config.partitions))
+        summary.update(_task_time_summary(spark, query.name, config.partitions, recorder.run_dir))
         summary["start_offsets"] = start if isinstance(start, str) else {str(p): o for p, o in sorted(start.items())}
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
@@ -386,18 +386,43 @@ def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -
     )
 
 
-def _task_time_summary(spark: SparkSession, query_name: str, partitions: int) -> dict[str, Any]:
-    """`per_slot_task_seconds` (Σ over batches, seconds) and `stateful_makespan_ratio` of a run."""
+def _task_time_summary(spark: SparkSession, query_name: str, partitions: int, run_dir: Path) -> dict[str, Any]:
+    """Per-slot task seconds (Σ over batches) and makespan ratios of the source and stateful stages.
+
+    `per_slot_task_seconds` and `stateful_makespan_ratio` are the stateful stage's; the source
+    stage's are `per_slot_source_task_seconds` and `source_makespan_ratio`;
+    `makespan_ratio_after_warmup` gives both without batch 0 (see `after_warmup`). The per-batch
+    times are written to `runs/<run_id>/task_seconds.json`.
+    """
+    empty = {"per_slot_task_seconds": None, "stateful_makespan_ratio": None}
     ui_url = spark.sparkContext.uiWebUrl
     if not ui_url:
-        return {"per_slot_task_seconds": None, "stateful_makespan_ratio": None}
+        return empty
     try:
-        per_batch = stateful_task_seconds(ui_url, spark.sparkContext.applicationId, query_name, partitions)
+        timed = keyed_stage_task_seconds(ui_url, spark.sparkContext.applicationId, query_name, partitions)
     except requests.RequestException as exc:
         log.warning("Spark's REST API at %s did not answer (%s): no per-slot task times", ui_url, exc)
-        return {"per_slot_task_seconds": None, "stateful_makespan_ratio": None}
-    totals = [round(sum(batch[slot] for batch in per_batch.values()), 3) for slot in range(partitions)]
-    return {"per_slot_task_seconds": totals, "stateful_makespan_ratio": makespan_ratio(per_batch), "stateful_batches_timed": len(per_batch)}
+        return empty
+    (run_dir / "task_seconds.json").write_text(json.dumps(
+        {"source": {str(b): s for b, s in timed.source.items()}, "stateful": {str(b): s for b, s in timed.stateful.items()}},
+        indent=1,
+    ))
+
+    def totals(per_batch: dict[int, list[float]]) -> list[float]:
+        return [round(sum(batch[slot] for batch in per_batch.values()), 3) for slot in range(partitions)]
+
+    return {
+        "per_slot_task_seconds": totals(timed.stateful),
+        "stateful_makespan_ratio": makespan_ratio(timed.stateful),
+        "stateful_batches_timed": len(timed.stateful),
+        "per_slot_source_task_seconds": totals(timed.source),
+        "source_makespan_ratio": makespan_ratio(timed.source),
+        "source_batches_timed": len(timed.source),
+        "makespan_ratio_after_warmup": {
+            "source": makespan_ratio(after_warmup(timed.source)),
+            "stateful": makespan_ratio(after_warmup(timed.stateful)),
+        },
+    }
 
 
 def build_summary(

@@ -110,6 +110,16 @@ def test_stateful_task_times_come_from_spark_rest_api(run):
     assert all(seconds > 0 for seconds in summary["per_slot_task_seconds"])  # every slot ran its tasks
     assert summary["stateful_batches_timed"] >= summary["batches"] - 1
     assert summary["stateful_makespan_ratio"] >= 1.0
+    # the source stage reads Kafka partition s = slot s: every slot read and timed in each batch
+    assert len(summary["per_slot_source_task_seconds"]) == PARTITIONS
+    assert all(seconds > 0 for seconds in summary["per_slot_source_task_seconds"])
+    progress = [json.loads(line) for line in (run["run_dir"] / "progress.jsonl").read_text().splitlines()]
+    assert summary["source_batches_timed"] == sum(1 for batch in progress if batch["input_rows"] > 0)  # no-data batches read nothing
+    assert summary["source_makespan_ratio"] >= 1.0
+    assert set(summary["makespan_ratio_after_warmup"]) == {"source", "stateful"}
+    per_batch = json.loads((run["run_dir"] / "task_seconds.json").read_text())
+    assert len(per_batch["stateful"]) == summary["stateful_batches_timed"]
+    assert all(len(seconds) == PARTITIONS for seconds in per_batch["source"].values())
 
 
 def test_late_events_were_behind_the_watermark(run):
