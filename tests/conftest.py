@@ -45,3 +45,34 @@ def stack_settings(settings):
         if not port_open(host, port):
             pytest.skip(f"{what} does not answer on {host}:{port}; start the stack with `keyshift stack up`")
     return settings
+
+
+@pytest.fixture
+def read_topic(settings):
+    """A function `read_topic(topic)`: every record of the topic, read from the beginning.
+
+    It returns kafka-python `ConsumerRecord`s (partition, offset, key, value as bytes ...) up to
+    the end offsets at the call, partition by partition in the order the consumer hands them.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    from keyshift.topics import end_offsets
+
+    def read(topic: str) -> list:
+        ends = end_offsets(settings, topic)
+        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
+                                 group_id=None, consumer_timeout_ms=30_000)
+        try:
+            partitions = [TopicPartition(topic, p) for p in ends]
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            records, total = [], sum(ends.values())
+            for message in consumer if total else ():
+                records.append(message)
+                if len(records) == total:
+                    break
+            return records
+        finally:
+            consumer.close()
+
+    return read

@@ -394,7 +394,8 @@ def _task_time_summary(spark: SparkSession, query_name: str, partitions: int, ru
     `makespan_ratio_after_warmup` gives both without batch 0 (see `after_warmup`). The per-batch
     times are written to `runs/<run_id>/task_seconds.json`.
     """
-    empty = {"per_slot_task_seconds": None, "stateful_makespan_ratio": None}
+    empty = dict.fromkeys(("per_slot_task_seconds", "stateful_makespan_ratio", "per_slot_source_task_seconds",
+                           "source_makespan_ratio", "makespan_ratio_after_warmup"))  # all None: not timed
     ui_url = spark.sparkContext.uiWebUrl
     if not ui_url:
         return empty

@@ -255,13 +255,15 @@ def test_cached_assignment_of_hot_split(store):
 
 def test_cached_assignment_sees_new_epoch_within_poll_interval(store):
     store.publish("least_count", 4, {"ORD": 2}, [0, 0, 5, 0])
-    view = CachedAssignment(store, poll_seconds=1.5)  # wide enough that a loaded CI machine stays inside it
+    now = [0.0]  # the view's clock, seconds: the test decides when the poll interval has passed
+    view = CachedAssignment(store, poll_seconds=0.3, clock=lambda: now[0])
     cache = SlotCache(view)  # it is a key-affine Strategy
     assert (view.name, view.partitions, view.epoch) == ("least_count", 4, 1)
     assert cache.slot_of("ORD") == 2 and view.slot_of("ORD") == 2
     store.publish("least_count", 4, {"ORD": 3}, [0, 0, 0, 5])
+    now[0] = 0.29
     assert view.slot_of("ORD") == 2  # still inside the poll interval: the cached answer
-    time.sleep(1.6)
+    now[0] = 0.3
     assert view.slot_of("ORD") == 3 and view.epoch == 2 and len(view) == 1
     assert cache.refresh() and cache.slot_of("ORD") == 3
 

@@ -6,7 +6,7 @@ import time
 import uuid
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment
 from keyshift.placement.strategies import KafkaPartitioner
@@ -28,26 +28,7 @@ def topic(settings: Settings):
     AssignmentStore.from_settings(settings, name).delete()
 
 
-def records_by_partition(settings: Settings, topic: str) -> list[tuple[int, bytes, bytes]]:
-    """Every record of `topic` as (partition, key, value), read from the beginning."""
-    ends = end_offsets(settings, topic)
-    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, consumer_timeout_ms=30_000)
-    try:
-        partitions = [TopicPartition(topic, p) for p in ends]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        records, remaining = [], sum(ends.values())
-        for message in consumer:
-            records.append((message.partition, message.key, message.value))
-            remaining -= 1
-            if remaining == 0:
-                break
-        return records
-    finally:
-        consumer.close()
-
-
-def test_producer_follows_a_new_epoch_without_restart(settings: Settings, topic: str) -> None:
+def test_producer_follows_a_new_epoch_without_restart(settings: Settings, topic: str, read_topic) -> None:
     store = AssignmentStore.from_settings(settings, topic)
     assert store.publish("least_count", PARTITIONS, {"ORD": 2, "ATL": 6}, [0, 0, 20, 0, 0, 0, 10, 0]) == 1
     partitioner = KafkaPartitioner(CachedAssignment(store, poll_seconds=POLL_SECONDS))
@@ -75,9 +56,9 @@ def test_producer_follows_a_new_epoch_without_restart(settings: Settings, topic:
     expected = {2: 20, 5: 20, 6: 15}
     expected[new_slot] = expected.get(new_slot, 0) + 3
     assert end_offsets(settings, topic) == {p: expected.get(p, 0) for p in range(PARTITIONS)}
-    placed = {(key, value): set() for _, key, value in records_by_partition(settings, topic)}
-    for partition, key, value in records_by_partition(settings, topic):
-        placed[(key, value)].add(partition)
+    placed: dict[tuple[bytes, bytes], set[int]] = {}
+    for record in read_topic(topic):
+        placed.setdefault((record.key, record.value), set()).add(record.partition)
     assert placed == {
         (b"ORD", b"epoch-1"): {2},
         (b"ATL", b"epoch-1"): {6},

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import redis
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from keyshift.data.flights import fetch_flights, flights_path
 from keyshift.data.replay import read_replay_record, replay_flights
@@ -43,41 +43,21 @@ def topic(settings: Settings):
     AssignmentStore.from_settings(settings, name).delete()
 
 
-def consume_all(settings: Settings, topic: str) -> list[tuple[int, int, bytes, dict]]:
-    """Every record of the topic as (partition, offset, key, value), read from the beginning."""
-    ends = end_offsets(settings, topic)
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        enable_auto_commit=False,
-        group_id=None,
-        consumer_timeout_ms=30_000,
-    )
-    try:
-        partitions = [TopicPartition(topic, p) for p in ends]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        records = []
-        remaining = sum(ends.values())
-        for message in consumer:
-            records.append((message.partition, message.offset, message.key, json.loads(message.value)))
-            remaining -= 1
-            if remaining == 0:
-                break
-        return records
-    finally:
-        consumer.close()
+def consume_all(read_topic, topic: str) -> list[tuple[int, int, bytes, dict]]:
+    """Every record of the topic as (partition, offset, key, value parsed from JSON)."""
+    return [(r.partition, r.offset, r.key, json.loads(r.value)) for r in read_topic(topic)]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_replayed_flights_land_on_their_hash_slot_in_event_time_order(
-    settings: Settings, topic: str, workers: int
+    settings: Settings, topic: str, workers: int, read_topic
 ) -> None:
     result = replay_flights(settings, topic, limit=EVENTS, progress=False, workers=workers)
     assert result.events_produced == EVENTS
     assert result.partitions == PARTITIONS
     assert result.workers == workers
 
-    records = consume_all(settings, topic)
+    records = consume_all(read_topic, topic)
     assert len(records) == EVENTS
     hash_slot = strategy_by_name("hash", PARTITIONS).slot_of
     for partition, _, key, value in records:
@@ -119,18 +99,18 @@ def test_kafka_partitioner_adapter_places_like_kafka_pythons_default(settings: S
         theirs.close()
 
 
-def test_learned_least_count_replays_through_the_published_assignment(settings: Settings, topic: str) -> None:
+def test_learned_least_count_replays_through_the_published_assignment(settings: Settings, topic: str, read_topic) -> None:
     learned = learn_and_publish(settings, topic, "least_count", PARTITIONS, limit=EVENTS)
     result = replay_flights(settings, topic, limit=EVENTS, strategy="least_count", progress=False, workers=2)
     assert (result.strategy, result.epoch) == ("least_count", learned.epoch)
     mapping = AssignmentStore.from_settings(settings, topic).snapshot()["mapping"]  # incl. keys placed since
-    records = consume_all(settings, topic)
+    records = consume_all(read_topic, topic)
     assert len(records) == EVENTS
     for partition, _, key, value in records:
         assert partition == mapping[value["origin"]], value
 
 
-def test_hot_split_replay_places_split_keys_per_event(settings: Settings, topic: str) -> None:
+def test_hot_split_replay_places_split_keys_per_event(settings: Settings, topic: str, read_topic) -> None:
     """Every record of a split key lands on slots[event_id % k], the rule the job uses."""
     counts, _ = learning_counts(flights_path(settings), 1.0, EVENTS)
     base = LeastCountStrategy.from_counts(counts, PARTITIONS)
@@ -148,7 +128,7 @@ def test_hot_split_replay_places_split_keys_per_event(settings: Settings, topic:
     assert (result.strategy, result.epoch, result.events_produced) == ("hot_split", epoch, EVENTS)
     assert result.split_keys == {key: list(slots) for key, slots in sorted(split.items())}
     assert read_replay_record(settings, topic)["split_keys"] == result.split_keys
-    records = consume_all(settings, topic)
+    records = consume_all(read_topic, topic)
     assert sorted(value["event_id"] for *_, value in records) == list(range(EVENTS))
     seen_slots: dict[str, set[int]] = defaultdict(set)
     for partition, _, key, value in records:
