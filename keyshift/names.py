@@ -10,6 +10,11 @@ LATE_TOPIC = "flights-late"
 ALERTS_TOPIC = "flight-delay-alerts"
 FLIGHT_TOPICS = (FLIGHTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, ALERTS_TOPIC)
 
+SINK_COMMITS_TOPIC = "keyshift-sink-commits"
+"""The topic whose partition 0 carries, per run, the consumer-group offset that a side-output
+transaction commits with its records (last committed batch id + 1; see
+`keyshift.processing.side_outputs`). Nothing is written to it: only group offsets refer to it."""
+
 # Airflow DAG ids.
 PIPELINE_DAG_ID = "keyshift_pipeline"
 

@@ -31,6 +31,7 @@ def flight_delay_options(function):
         click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
         click.option("--limit", type=click.IntRange(min=1), default=None, help="Bounded run: wait for LIMIT records, drain, flush, stop. Default: run until stopped."),
         click.option("--starting", type=click.Choice(["replay", "earliest", "latest"]), default="replay", help="Start offsets: where the last replay into the topic began, or earliest/latest."),
+        click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue the run RUN_ID from its checkpoint after its driver died (its other options come from runs/RUN_ID/job.json)."),
         click.option("--idle-timeout", type=click.FloatRange(min=1), default=300.0, help="Bounded run: fail when no batch completes for this many seconds."),
     ]
     for option in reversed(options):
@@ -44,6 +45,10 @@ def run_from_options(**options) -> dict:
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.settings import Settings
 
+    if options.get("resume"):
+        if options.get("run_id") not in (None, options["resume"]):
+            raise click.UsageError(f"--resume {options['resume']} continues that run; drop --run-id {options['run_id']}")
+        return run_flight_delays(Settings(), FlightDelayJobConfig(run_id=options["resume"]), resume=True)
     config = FlightDelayJobConfig(
         run_id=options["run_id"] or new_run_id(),
         strategy=options["strategy"],

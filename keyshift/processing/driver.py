@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,14 @@ from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
+from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC, redis_run_key
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
+from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.sinks import FlightDelaySink
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
@@ -190,6 +192,85 @@ def _send_end_of_input(settings: Settings, topic: str, run_id: str) -> dict[int,
     return _kafka_offsets(settings, topic)[1]
 
 
+JOB_RECORD_FILE = "job.json"
+"""`runs/<run_id>/job.json`: what a run was started with (its config, concrete start offsets and
+the replay record it read), written before its query starts; `--resume` runs from it."""
+
+
+def save_job_record(run_dir: Path, config: FlightDelayJobConfig, start: dict[int, int], replay: dict[str, str]) -> Path:
+    """Write the run's job record atomically (see `JOB_RECORD_FILE`); returns its path."""
+    record = {"config": asdict(config), "start_offsets": {str(p): o for p, o in sorted(start.items())}, "replay": replay}
+    path = run_dir / JOB_RECORD_FILE
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(record, indent=1, sort_keys=True))
+    partial.replace(path)
+    return path
+
+
+def load_job_record(run_dir: Path) -> tuple[FlightDelayJobConfig, dict[int, int], dict[str, str]]:
+    """(config, start offsets partition -> offset, replay record) of a started run.
+
+    Raises:
+        ConfigurationError: the run has no job record (it never started, or is not a run of
+            this keyshift version).
+    """
+    path = run_dir / JOB_RECORD_FILE
+    if not path.exists():
+        raise ConfigurationError(f"run folder {run_dir} has no {JOB_RECORD_FILE}: there is no started run to resume there")
+    record = json.loads(path.read_text())
+    known = {f.name for f in fields(FlightDelayJobConfig)}
+    raw = {k: v for k, v in record["config"].items() if k in known}
+    if raw.get("end_offsets") is not None:
+        raw["end_offsets"] = {int(p): int(o) for p, o in raw["end_offsets"].items()}
+    if raw.get("split") is not None:
+        raw["split"] = {key: tuple(slots) for key, slots in raw["split"].items()}
+    start = {int(p): int(o) for p, o in record["start_offsets"].items()}
+    return FlightDelayJobConfig(**raw), start, record.get("replay") or {}
+
+
+def committed_batches(checkpoint: Path, topic: str) -> tuple[list[int], dict[int, int]]:
+    """The batch ids Spark committed in `checkpoint`, and the Kafka offsets of `topic` after the
+    last of them (partition -> next offset to read); ([], {}) for a checkpoint without commits.
+
+    Read from Spark's checkpoint files: `commits/<id>` exists once batch id is committed, and
+    `offsets/<id>` holds, after a version line and the batch metadata, one JSON line per source.
+    """
+    commits = checkpoint / "commits"
+    ids = sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.exists() else []
+    if not ids:
+        return [], {}
+    for line in (checkpoint / "offsets" / str(ids[-1])).read_text().splitlines()[2:]:
+        offsets = json.loads(line) if line.startswith("{") else {}
+        if topic in offsets:
+            return ids, {int(p): int(o) for p, o in offsets[topic].items()}
+    return ids, {}
+
+
+def concrete_offsets(settings: Settings, topic: str, start: dict[int, int] | str) -> dict[int, int]:
+    """`start` (`earliest`, `latest`, or offsets of some partitions) as an offset for every
+    partition of `topic` now, so a run records exactly where it began (records read = offsets
+    consumed past it) and a resume does not depend on what the topic holds later."""
+    begin, end = _kafka_offsets(settings, topic)
+    if start == "earliest":
+        return begin
+    if start == "latest":
+        return end
+    return {p: int(start.get(p, begin[p])) for p in end}
+
+
+def ensure_side_output_topics(settings: Settings, partitions: int) -> None:
+    """Create the side-output topics (alerts, late, dead letters: P partitions) and the sink's
+    commit topic (one partition) where they are missing; existing ones are left as they are."""
+    from keyshift.topics import create_topics, describe_topics
+
+    existing = describe_topics(settings, [ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC, SINK_COMMITS_TOPIC])
+    missing = [t for t in (ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC) if t not in existing]
+    if missing:
+        create_topics(settings, missing, partitions)
+    if SINK_COMMITS_TOPIC not in existing:
+        create_topics(settings, [SINK_COMMITS_TOPIC], 1)
+
+
 def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int] | str, max_offsets_per_trigger: int | None):
     """The Kafka source of `topic` from `start` (a streaming DataFrame of Kafka rows)."""
     starting = start if isinstance(start, str) else json.dumps({topic: {str(p): o for p, o in start.items()}})
@@ -213,16 +294,23 @@ def run_flight_delays(
     starting: str = "replay",
     spark: SparkSession | None = None,
     wait_timeout_s: float = 600.0,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run the flight delay job and return its summary (also written to summary.json).
+    """Run the flight delay job, or resume a crashed run, and return its summary (also written
+    to summary.json).
 
     Args:
         settings: the stack's addresses and the runs folder.
-        config: the run (strategy, P, bound, limit ...).
+        config: the run (strategy, P, bound, limit ...). With `resume`, only `config.run_id`
+            counts: the rest comes from the run's job record (`runs/<run_id>/job.json`).
         starting: `replay` (default: where the last replay into the topic began), `earliest` or
-            `latest`.
+            `latest`; resolved to concrete offsets at start and recorded.
         spark: an existing session (tests); by default one is built with the connector jars.
         wait_timeout_s: how long a bounded run waits for `limit` records to be in the topic.
+        resume: continue run `config.run_id` from its checkpoint after its driver died: Spark
+            replays the batch that was running (same offsets, same watermark), the sink's
+            ledger and side-output transactions make that replay count and send nothing twice,
+            and the summary covers the whole run, as if it had never crashed.
 
     Returns:
         The summary dict (see `build_summary`).
@@ -230,29 +318,42 @@ def run_flight_delays(
     Raises:
         JobError: the query failed, stalled for `config.idle_timeout_s`, or the counts do not
             reconcile (events read != Σ window counts + late + dead letters + pending).
-        ConfigurationError: `runs/<run_id>/checkpoint` already exists (a run id is used once), or
-            the strategy is not one the job can place with (`JOB_STRATEGIES`).
+        ConfigurationError: a new run whose `runs/<run_id>/checkpoint` already exists (resume it
+            instead), a resume of a run without checkpoint or job record, or a strategy the job
+            cannot place with (`JOB_STRATEGIES`).
         StackError: Kafka or Redis is not reachable.
     """
-    check_job_strategy(config.strategy)
-    checkpoint = settings.runs_dir / config.run_id / "checkpoint"
-    if (checkpoint / "offsets").exists():
+    run_dir = settings.runs_dir / config.run_id
+    checkpoint = run_dir / "checkpoint"
+    has_checkpoint = (checkpoint / "offsets").exists()
+    if resume and not has_checkpoint:
+        raise ConfigurationError(f"run {config.run_id!r} has no checkpoint at {checkpoint} to resume from; start it without --resume")
+    if not resume and has_checkpoint:
         raise ConfigurationError(
-            f"run {config.run_id!r} already has a checkpoint at {checkpoint}: its counts would restart at "
-            "zero while Spark resumes mid-stream; choose another --run-id"
+            f"run {config.run_id!r} already has a checkpoint at {checkpoint}; resume it with --resume {config.run_id}"
+            " or choose another --run-id"
         )
+    if resume:
+        config, start, replay = load_job_record(run_dir)
+    check_job_strategy(config.strategy)
     recorder = RunRecorder(settings, config.run_id)
     recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic)
+    if resume:
+        resumes = recorder.redis.hincrby(redis_run_key(config.run_id), "resumes", 1)
+        log.info("run %s: resuming from its checkpoint (resume %d)", config.run_id, resumes)
     stop_requested = threading.Event()
     previous_handlers = _install_stop_handlers(stop_requested)
     try:
-        replay = recorder.replay_record(config.topic)  # read now: a later replay overwrites it
-        start = starting_offsets(replay, config.topic, starting)
-        target = _wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s) if config.limit else None
-        if target is not None:
-            config = replace(config, end_offsets=target)
-        if config.strategy in LEARNED_STRATEGIES:
-            config = _with_learned_assignment(settings, config)
+        if not resume:
+            replay = recorder.replay_record(config.topic)  # read now: a later replay overwrites it
+            start = concrete_offsets(settings, config.topic, starting_offsets(replay, config.topic, starting))
+            if config.limit:
+                config = replace(config, end_offsets=_wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s))
+            if config.strategy in LEARNED_STRATEGIES:
+                config = _with_learned_assignment(settings, config)
+            save_job_record(run_dir, config, start, replay)
+        target = config.end_offsets if config.limit else None
+        ensure_side_output_topics(settings, config.partitions)
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
@@ -262,28 +363,31 @@ def run_flight_delays(
             spark.conf.set("spark.sql.shuffle.partitions", str(config.partitions))
         sampler = PeakMemorySampler(driver_jvm_pid(spark))
         sampler.start()
-        producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", linger_ms=20, client_id=f"keyshift-sink-{config.run_id}")
-        sink = FlightDelaySink(recorder.run_dir, config.run_id, config.epoch, config.partitions, producer)
+        side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id)
+        sink = FlightDelaySink(run_dir, config.run_id, config.epoch, config.partitions, side_outputs)
         stream = flight_delay_stream(read_kafka(spark, settings, config.topic, start, config.max_offsets_per_trigger), config)
         started = time.monotonic()
         query = (
             stream.writeStream.foreachBatch(sink)
             .queryName(f"flight_delays_{config.run_id}".replace("-", "_"))
-            .option("checkpointLocation", str(recorder.run_dir / "checkpoint"))
+            .option("checkpointLocation", str(checkpoint))
             .start()
         )
         log.info("run %s: query started (strategy %s, P=%d, bound %d ms)", config.run_id, config.strategy, config.partitions, config.bound_ms)
         try:
-            watch = _watch(query, sink, recorder, settings, config, target, stop_requested)
+            watch = _watch(query, sink, recorder, settings, config, target, stop_requested, checkpoint)
         finally:
             query.stop()
             sampler.stop()
-            producer.close()
+            side_outputs.close()
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
-        pending = pending_events(spark, recorder.run_dir / "checkpoint")
+        pending = pending_events(spark, checkpoint)
+        _, consumed = committed_batches(checkpoint, config.topic)
+        watch["records_read"] = sum(consumed.get(p, o) - o for p, o in start.items())
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
-        summary.update(_task_time_summary(spark, query.name, config.partitions, recorder.run_dir))
-        summary["start_offsets"] = start if isinstance(start, str) else {str(p): o for p, o in sorted(start.items())}
+        summary.update(_task_time_summary(spark, query.name, config.partitions, run_dir))
+        summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
+        summary["resumes"] = int(recorder.redis.hget(redis_run_key(config.run_id), "resumes") or 0)
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
@@ -300,11 +404,18 @@ def run_flight_delays(
         _restore_stop_handlers(previous_handlers)
 
 
-def _watch(query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target, stop_requested) -> dict[str, Any]:
-    """Follow the query batch by batch, publish progress, and decide when a run is done."""
-    seen: set[int] = set()
-    state: dict[str, Any] = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
-    consumed: dict[int, int] = {}
+def _watch(
+    query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target,
+    stop_requested, checkpoint: Path,
+) -> dict[str, Any]:
+    """Follow the query batch by batch, publish progress, and decide when a run is done.
+
+    A resumed run starts from what its checkpoint committed (batch ids, consumed offsets), so
+    that a run whose crash came after its last batch still sees itself drained and flushed.
+    """
+    committed, consumed = committed_batches(checkpoint, config.topic)
+    seen: set[int] = set(committed)
+    state: dict[str, Any] = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": len(committed), "watermark_ms": None}
     last_activity = time.monotonic()
     while True:
         error = query.exception()
@@ -458,6 +569,7 @@ def build_summary(
         "alerts": counters.alerts,
         "late_events": counters.late_events,
         "dead_letters": counters.dead_letters,
+        "dead_letters_by_reason": dict(sorted(counters.dead_letters_by_reason.items())),
         "split_keys": {key: list(slots) for key, slots in sorted((config.split or {}).items())},
         "merged_window_pieces": counters.merged_window_pieces,
         "pending_events": pending,

@@ -6,8 +6,10 @@ per-slot loads: small next to the input) to the driver once, then
   (rewritten, not appended, if Spark replays the batch), with exactly the columns
   `WINDOW_COLUMNS` and UTC timestamps;
 - sends alerts to `flight-delay-alerts`, late events to `flights-late` and dead letters with their
-  reason to `flights-dead-letter` (JSON values, acks=all, flushed before the batch commits);
-- adds to the run's counters and keeps each batch's per-slot processed events.
+  reason to `flights-dead-letter` (JSON values) in one Kafka transaction per batch, exactly once
+  for `read_committed` consumers (`keyshift.processing.side_outputs`);
+- records the batch's counts in `runs/<run_id>/batches/` (`keyshift.processing.ledger`), so the
+  run's totals survive a crash of the driver and a replayed batch is never counted twice.
 
 A key that hot_split spread over several slots closes each window on every slot that holds a
 piece of it, all in the same micro-batch (the watermark, and so every event-time timer, is one
@@ -21,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
+from keyshift.processing.failpoints import failpoint
+from keyshift.processing.ledger import BatchCounts, RunCounters, RunLedger
 from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WINDOW, window_alerts
 
 log = logging.getLogger(__name__)
@@ -95,53 +98,50 @@ def merge_split_windows(windows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return result, len(pieces) - len(merged)
 
 
-@dataclass
-class RunCounters:
-    """Totals of one run, in events (windows for `windows_emitted`; `merged_window_pieces`:
-    window rows of split keys folded into another slot's row by `merge_split_windows`)."""
-
-    windows_emitted: int = 0
-    sum_window_counts: int = 0
-    alerts: int = 0
-    late_events: int = 0
-    dead_letters: int = 0
-    merged_window_pieces: int = 0
-    processed_events: int = 0
-    per_slot_events: list[int] = field(default_factory=list)
-    batches: int = 0
-
-    @property
-    def accounted_events(self) -> int:
-        """Events the outputs account for: Σ window counts + late + dead letters."""
-        return self.sum_window_counts + self.late_events + self.dead_letters
-
-
 class FlightDelaySink:
     """The `foreachBatch` function of the flight delay job.
 
+    Per micro-batch, in this order, each step safe to repeat when Spark replays the batch after
+    a crash: the windows file (rewritten whole), the side outputs (one Kafka transaction that
+    skips a batch already committed, `keyshift.processing.side_outputs`), the batch's counts
+    (`keyshift.processing.ledger`, rewritten). Spark commits the batch after this returns.
+
     Args:
-        run_dir: `runs/<run_id>/`; windows go to `run_dir/windows/`.
+        run_dir: `runs/<run_id>/`; windows go to `run_dir/windows/`, counts to `run_dir/batches/`.
         run_id: written into alert, late and dead-letter records.
         epoch: assignment epoch, the windows table's `epoch` column.
         partitions: P slots, the length of `per_slot_events`.
-        producer: a kafka-python `KafkaProducer` (acks=all) for alerts, late events and dead
-            letters, or None to skip the Kafka side outputs (tests of the windows alone).
+        side_outputs: a `TransactionalSideOutputs` for alerts, late events and dead letters, or
+            None to skip the Kafka side outputs (tests of the windows alone).
+
+    Attributes:
+        counters: the run's totals so far, including batches recorded before a crash (read back
+            from the ledger at construction).
     """
 
-    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, producer=None) -> None:
+    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None) -> None:
         self.windows_dir = Path(run_dir) / "windows"
         self.windows_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
         self.epoch = epoch
         self.partitions = partitions
-        self.producer = producer
-        self.counters = RunCounters(per_slot_events=[0] * partitions)
-        self.batch_slot_events: dict[int, list[int]] = {}
-        self.last_batch_id = -1
+        self.side_outputs = side_outputs
+        self.ledger = RunLedger(run_dir)
+        self._batches = {batch.batch_id: batch for batch in self.ledger.batches()}
+        self.counters = self._total()
+        self.batch_slot_events: dict[int, list[int]] = {b: list(c.per_slot_events) for b, c in self._batches.items()}
+        self.last_batch_id = max(self._batches, default=-1)
         self._lock = threading.Lock()
+
+    def _total(self) -> RunCounters:
+        counters = RunCounters(per_slot_events=[0] * self.partitions)
+        for batch in self._batches.values():
+            counters.add(batch)
+        return counters
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Route one micro-batch of processor output; called by Spark on the driver."""
+        failpoint("sink.before_batch", batch_id)
         out = batch.toPandas()
         by_kind = {kind: rows for kind, rows in out.groupby("kind", sort=False)}
         loads = by_kind.get(KIND_LOAD, out.iloc[0:0])
@@ -156,28 +156,39 @@ class FlightDelaySink:
 
         if len(windows):
             self._write_windows(windows, batch_id)
-        if self.producer is not None:
-            self._send(ALERTS_TOPIC, windows[windows["alert"].astype(bool)], self._alert_record)
-            self._send(LATE_TOPIC, late, self._late_record)
-            self._send(DEAD_LETTER_TOPIC, dead, self._dead_letter_record)
-            self.producer.flush()
+        if self.side_outputs is not None:
+            alerts = windows[windows["alert"].astype(bool)] if len(windows) else windows
+            self.side_outputs.send_batch(batch_id, [
+                *self._records(ALERTS_TOPIC, alerts, self._alert_record),
+                *self._records(LATE_TOPIC, late, self._late_record),
+                *self._records(DEAD_LETTER_TOPIC, dead, self._dead_letter_record),
+            ])
+        counts = BatchCounts(
+            batch_id=batch_id,
+            windows_emitted=len(windows),
+            sum_window_counts=int(windows["count"].sum()) if len(windows) else 0,
+            alerts=int(windows["alert"].astype(bool).sum()) if len(windows) else 0,
+            late_events=len(late),
+            dead_letters=len(dead),
+            merged_window_pieces=merged_pieces,
+            per_slot_events=slot_events,
+            dead_letters_by_reason={str(r): int(n) for r, n in dead["dead_letter_reason"].value_counts().items()} if len(dead) else {},
+        )
+        self.ledger.record(counts)
+        failpoint("sink.after_outputs", batch_id)
 
         with self._lock:
-            c = self.counters
-            c.batches += 1
-            c.windows_emitted += len(windows)
-            c.sum_window_counts += int(windows["count"].sum()) if len(windows) else 0
-            c.alerts += int(windows["alert"].astype(bool).sum()) if len(windows) else 0
-            c.late_events += len(late)
-            c.dead_letters += len(dead)
-            c.merged_window_pieces += merged_pieces
-            c.processed_events += sum(slot_events)
-            c.per_slot_events = [a + b for a, b in zip(c.per_slot_events, slot_events)]
+            replayed = batch_id in self._batches
+            self._batches[batch_id] = counts
+            if replayed:  # a batch recorded before a crash: its counts replace, never add
+                self.counters = self._total()
+            else:
+                self.counters.add(counts)
             self.batch_slot_events[batch_id] = slot_events
             self.last_batch_id = max(self.last_batch_id, batch_id)
         log.info(
-            "batch %d: processed %d events, %d windows (%d split pieces merged), %d late, %d dead letters",
-            batch_id, sum(slot_events), len(windows), merged_pieces, len(late), len(dead),
+            "batch %d: processed %d events, %d windows (%d split pieces merged), %d late, %d dead letters%s",
+            batch_id, sum(slot_events), len(windows), merged_pieces, len(late), len(dead), " (replayed)" if replayed else "",
         )
 
     def _write_windows(self, windows: pd.DataFrame, batch_id: int) -> None:
@@ -201,10 +212,9 @@ class FlightDelaySink:
         pq.write_table(table, partial)
         partial.replace(final)
 
-    def _send(self, topic: str, rows: pd.DataFrame, to_record) -> None:
-        for row in rows.itertuples(index=False):
-            key, value = to_record(row)
-            self.producer.send(topic, key=key, value=value)
+    @staticmethod
+    def _records(topic: str, rows: pd.DataFrame, to_record) -> list[tuple[str, bytes | None, bytes]]:
+        return [(topic, *to_record(row)) for row in rows.itertuples(index=False)]
 
     def _alert_record(self, row) -> tuple[bytes, bytes]:
         value = {

@@ -1,0 +1,56 @@
+"""Failpoints: named places where a test can make the driver die with SIGKILL, on purpose.
+
+Crash tests must kill the driver at exact points of a micro-batch's life, which no outside
+observer can hit reliably (the gap between two batches lasts milliseconds). As FoundationDB's
+buggify and TiKV's fail-rs do, the code names those points and an environment variable arms one:
+
+    KEYSHIFT_FAILPOINT=sink.after_outputs@5   keyshift job run flight_delays ...
+
+kills the driver's whole process group (the Python driver, its JVM and the Python workers: what a
+lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outside tests),
+`failpoint` is one dictionary lookup. The points:
+
+| name | where | what a crash there leaves |
+| --- | --- | --- |
+| `sink.before_batch` | the sink, before it reads batch b | b-1 committed; b planned (offset log), nothing of b written |
+| `sink.after_outputs` | the sink, after b's windows file, Kafka transaction and ledger | b's outputs all written, b not committed: Spark replays b |
+
+Run the driver in its own process group (`start_new_session=True`, as the detached launcher
+does), or the kill takes its parent with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+FAILPOINT_ENV = "KEYSHIFT_FAILPOINT"
+
+
+def armed() -> tuple[str, int] | None:
+    """The armed failpoint `(name, batch_id)` from `KEYSHIFT_FAILPOINT=name@batch_id`, or None.
+
+    Raises:
+        ValueError: the variable is set but not of the form `name@batch_id`.
+    """
+    value = os.environ.get(FAILPOINT_ENV)
+    if not value:
+        return None
+    name, sep, batch = value.partition("@")
+    if not sep or not batch.isdigit():
+        raise ValueError(f"{FAILPOINT_ENV}={value!r}: expected NAME@BATCH_ID, e.g. sink.after_outputs@5")
+    return name, int(batch)
+
+
+def failpoint(name: str, batch_id: int) -> None:
+    """Kill this process group with SIGKILL if failpoint `name` is armed for `batch_id`."""
+    if FAILPOINT_ENV not in os.environ:
+        return
+    if armed() == (name, batch_id):
+        log.warning("failpoint %s@%d: killing the driver's process group with SIGKILL", name, batch_id)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
