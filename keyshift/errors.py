@@ -26,3 +26,8 @@ class PlacementError(KeyshiftError):
 
 class JobError(KeyshiftError):
     """A streaming job failed, stalled, or its results do not reconcile."""
+
+
+class QualityError(KeyshiftError):
+    """A run's outputs failed a data quality check (a Great Expectations suite), or could not be
+    read to check them; the message names each failed expectation and a sample of its rows."""

@@ -27,9 +27,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from keyshift.cli import balance, bench, data, job, replay, run, stack, topics
+    from keyshift.cli import balance, bench, data, dq, job, replay, run, stack, topics
 
-    for module in (stack, data, topics, replay, job, run, bench, balance):
+    for module in (stack, data, topics, replay, job, run, bench, balance, dq):
         cli.add_command(module.command)
 
 

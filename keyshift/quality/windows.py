@@ -1,76 +1,64 @@
-"""Great Expectations checks of the flight delay windows table (great-expectations 1.x).
+"""Great Expectations check of a flight delay windows table alone (great-expectations 1.x).
 
-The suite states what every windows table must satisfy, whatever the data: exactly the table's
-columns in order, no nulls, each (origin, window_start) once, a positive count, windows of
-exactly `window_ms`, max delay >= mean delay, alert = mean >= 30 and count >= 5 (checked as
-two implications), and slots within [0, P).
+`validate_windows` runs the `flight_delay_windows` checkpoint of the committed file context
+(`keyshift/quality/gx/`, suite defined in `keyshift.quality.suites.windows_expectations`) on
+one table: exactly the table's columns in order, no nulls, each (origin, window_start) once, a
+positive count, windows of exactly `window_ms` aligned on multiples of it, max delay >= mean
+delay, mean = sum / count, alert = mean >= 30 and count >= 5, slots within [0, P), epoch >= 0.
+The demo calls it; `keyshift dq run` validates the alerts and the reconciliation as well
+(`keyshift.quality.checkpoints.validate_run`).
 """
 
 from __future__ import annotations
 
-import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from keyshift.eventtime.windows import HOUR_MS
-from keyshift.processing.processor import ALERT_MIN_COUNT, ALERT_MIN_MEAN_DELAY_MIN
-from keyshift.processing.sinks import WINDOW_COLUMNS
+from keyshift.quality.context import quiet_great_expectations
 
-log = logging.getLogger(__name__)
-
-
-def _quiet_great_expectations() -> None:
-    # importing great_expectations under Airflow's logging prints hundreds of INFO lines
-    for name in ("great_expectations", "great_expectations.core", "great_expectations.data_context"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+_quiet_great_expectations = quiet_great_expectations
+"""Kept under its old name: lowers GX's loggers (Airflow prints its INFO lines otherwise)."""
 
 
-def validate_windows(windows: pd.DataFrame, partitions: int, window_ms: int = HOUR_MS) -> dict[str, Any]:
-    """Validate a windows table with a Great Expectations suite.
+def validate_windows(
+    windows: pd.DataFrame,
+    partitions: int,
+    window_ms: int = HOUR_MS,
+    run_dir: Path | None = None,
+    run_id: str = "windows",
+) -> dict[str, Any]:
+    """Validate a windows table with the `flight_delay_windows` suite.
 
     Args:
         windows: the windows table (`pd.read_parquet("runs/<run_id>/windows")`).
         partitions: P; `slot` must lie in [0, P).
         window_ms: window size in ms of event time.
+        run_dir: `runs/<run_id>/`: the validation result and Data Docs go there (`data_docs/`);
+            None validates in a temporary folder that is removed afterwards.
+        run_id: names the validation in the results store and Data Docs.
 
     Returns:
-        {"success": bool, "evaluated": n, "failed": [expectation type and kwargs, ...],
-         "rows": rows checked}.
+        {"success": bool, "evaluated": n expectations, "failed": [{"type", "kwargs", "line"}, ...],
+         "rows": rows checked, "data_docs": path of index.html or None}.
     """
-    _quiet_great_expectations()
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
+    from keyshift.quality.checkpoints import run_checkpoint
+    from keyshift.quality.context import data_docs_dir, open_context
+    from keyshift.quality.batches import windows_batch
+    from keyshift.quality.suites import WINDOWS_SUITE, run_parameters
 
-    frame = windows.copy()
-    frame["window_ms"] = (frame["window_end"] - frame["window_start"]).dt.total_seconds().mul(1000).astype("int64")
-    frame["alert_rule"] = (frame["mean_delay_min"] >= ALERT_MIN_MEAN_DELAY_MIN) & (frame["count"] >= ALERT_MIN_COUNT)
-
-    context = gx.get_context(mode="ephemeral")
-    batch = (
-        context.data_sources.add_pandas("keyshift")
-        .add_dataframe_asset("flight_delay_windows")
-        .add_batch_definition_whole_dataframe("whole_table")
-        .get_batch(batch_parameters={"dataframe": frame})
-    )
-    suite = context.suites.add(gx.ExpectationSuite(name="flight_delay_windows"))
-    expectations = [
-        gxe.ExpectTableColumnsToMatchOrderedList(column_list=[*WINDOW_COLUMNS, "window_ms", "alert_rule"]),
-        *(gxe.ExpectColumnValuesToNotBeNull(column=column) for column in WINDOW_COLUMNS),
-        gxe.ExpectCompoundColumnsToBeUnique(column_list=["origin", "window_start"]),
-        gxe.ExpectColumnValuesToBeBetween(column="count", min_value=1),
-        gxe.ExpectColumnValuesToBeBetween(column="window_ms", min_value=window_ms, max_value=window_ms),
-        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="max_delay_min", column_B="mean_delay_min", or_equal=True),
-        gxe.ExpectColumnPairValuesToBeEqual(column_A="alert", column_B="alert_rule"),
-        gxe.ExpectColumnValuesToBeBetween(column="slot", min_value=0, max_value=partitions - 1),
-    ]
-    for expectation in expectations:
-        suite.add_expectation(expectation)
-    result = batch.validate(suite)
-    failed = [
-        {"type": r.expectation_config.type, "kwargs": {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}}
-        for r in result.results
-        if not r.success
-    ]
-    log.info("windows table: %d rows, %d expectations, %d failed", len(frame), len(result.results), len(failed))
-    return {"success": bool(result.success), "evaluated": len(result.results), "failed": failed, "rows": len(frame)}
+    parameters = run_parameters(run_id=run_id, partitions=partitions, window_ms=window_ms,
+                                alerting_windows=0, complete=True)
+    with tempfile.TemporaryDirectory(prefix="keyshift-gx-") as scratch:
+        folder = Path(run_dir) if run_dir is not None else Path(scratch)
+        result = run_checkpoint(open_context(folder), WINDOWS_SUITE, windows_batch(windows, window_ms), parameters, run_id)
+    return {
+        "success": result.success,
+        "evaluated": result.evaluated,
+        "failed": [{"type": f.expectation, "kwargs": f.kwargs, "line": f.line()} for f in result.failed],
+        "rows": result.rows,
+        "data_docs": str(data_docs_dir(folder) / "index.html") if run_dir is not None else None,
+    }
