@@ -73,7 +73,9 @@ def run_demo(
     )
     summary = run_flight_delays(settings, config, starting="replay", spark=spark)
     recorder = RunRecorder(settings, run_id)
-    summary["quality"] = validate_windows(pd.read_parquet(recorder.run_dir / "windows"), partitions)
+    # the committed flight_delay_windows suite; its result and Data Docs go to runs/<run_id>/
+    summary["quality"] = validate_windows(pd.read_parquet(recorder.run_dir / "windows"), partitions,
+                                          run_dir=recorder.run_dir, run_id=run_id)
     if builtin:
         start = summary["start_offsets"]
         start = start if isinstance(start, str) else {int(p): o for p, o in start.items()}
