@@ -27,17 +27,32 @@ log = logging.getLogger(__name__)
 RUN_STATES = ("starting", "running", "succeeded", "failed", "stopped")
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    """A Redis client for the coordinator at `settings.redis_url` (responses decoded as str).
+def redis_client(settings: Settings, *, decode_responses: bool = True, timeout_s: float = 10.0) -> redis.Redis:
+    """A Redis client for the coordinator at `settings.redis_url` (with its password, when set).
+
+    Args:
+        settings: where Redis is, and its password (`KEYSHIFT_REDIS_PASSWORD`).
+        decode_responses: return str (True) or bytes (False).
+        timeout_s: socket timeout of each command, seconds; connecting gets at most 5 s.
 
     Raises:
-        StackError: if Redis does not answer PING (with the fix: `keyshift stack up`).
+        StackError: if Redis does not answer PING (with the fix: `keyshift stack up`), or refuses
+            the login (with the fix: the password setting).
     """
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+    client = redis.Redis.from_url(
+        settings.redis_url,
+        decode_responses=decode_responses,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=min(timeout_s, 5.0),
+    )
     try:
         client.ping()
+    except redis.AuthenticationError as exc:
+        from keyshift.stack.redis import auth_fix
+
+        raise StackError(f"Redis at {settings.redis_address} refused the login ({exc}); {auth_fix(settings)}") from exc
     except redis.RedisError as exc:
-        raise StackError(f"Redis at {settings.redis_url} is not reachable ({exc}); run `keyshift stack up`") from exc
+        raise StackError(f"Redis at {settings.redis_address} is not reachable ({exc}); run `keyshift stack up`") from exc
     return client
 
 

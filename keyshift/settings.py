@@ -2,13 +2,18 @@
 
 Values come from environment variables prefixed `KEYSHIFT_` (e.g. `KEYSHIFT_KAFKA_PORT=19092`),
 else the defaults below. The core takes plain arguments or a `Settings`; it never reads globals.
+
+Passwords are `SecretStr`: `repr`, `str` and logs show `**********`; `.get_secret_value()` gives
+the text. A JSON dump (`model_dump(mode="json")`) carries them in clear, so a settings dict handed
+to a child process or an Airflow trigger rebuilds the same `Settings`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_serializer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +28,16 @@ class Settings(BaseSettings):
         cache_dir: downloaded inputs (the flights data set, jars); reused across runs.
         runs_dir: one folder per job run: `runs/<run_id>/summary.json`, `windows/`, `progress.jsonl`.
         kafka_host, kafka_port, kafka_controller_port: the broker's loopback listeners.
-        redis_host, redis_port: the coordinator's address. airflow_port: the Airflow API server and UI.
-        airflow_user, airflow_password: the local Airflow's login (simple auth manager, admin role).
+        kafka_sasl_username, kafka_sasl_password: when both are set, the broker takes only
+            SASL/PLAIN logins (listener SASL_PLAINTEXT) and every keyshift client logs in with
+            them; None (the default) leaves the broker on PLAINTEXT.
+        redis_host, redis_port: the coordinator's address.
+        redis_password: when set, redis-server runs with `requirepass` and `redis_url` carries it;
+            None (the default) runs it without a password.
+        airflow_port: the Airflow API server and UI.
+        airflow_user: the local Airflow's admin (simple auth manager, admin role).
+        airflow_password: that admin's password; None (the default) uses the one `keyshift stack
+            up` generated into the state directory (`keyshift.stack.airflow.admin_password`).
         spark_master: master URL for jobs (`local[*]`, or `spark://host:7077`).
         partitions: P, the number of slots (Kafka partitions = Spark shuffle partitions).
     """
@@ -37,13 +50,25 @@ class Settings(BaseSettings):
     kafka_host: str = "127.0.0.1"
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
     redis_host: str = "127.0.0.1"
     redis_port: int = 6379
+    redis_password: SecretStr | None = None
     airflow_port: int = 8080
     airflow_user: str = "admin"
-    airflow_password: str = "admin"
+    airflow_password: SecretStr | None = None
     spark_master: str = "local[*]"
     partitions: int = 8
+
+    @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")
+    def _reveal(self, value: SecretStr | None) -> str | None:
+        return None if value is None else value.get_secret_value()
+
+    @property
+    def kafka_sasl(self) -> bool:
+        """True when Kafka clients and the broker use SASL/PLAIN (username and password both set)."""
+        return bool(self.kafka_sasl_username) and self.kafka_sasl_password is not None
 
     @property
     def cache(self) -> Path:
@@ -57,5 +82,17 @@ class Settings(BaseSettings):
 
     @property
     def redis_url(self) -> str:
-        """Redis URL of the coordinator, database 0."""
+        """Redis URL of the coordinator, database 0, with the password when one is set.
+
+        `redis://127.0.0.1:6379/0`, or `redis://:<password, URL-quoted>@127.0.0.1:6379/0`; give it
+        to `redis.Redis.from_url` (which unquotes the password). Do not log it: see `redis_address`.
+        """
+        auth = ""
+        if self.redis_password is not None:
+            auth = f":{quote(self.redis_password.get_secret_value(), safe='')}@"
+        return f"redis://{auth}{self.redis_host}:{self.redis_port}/0"
+
+    @property
+    def redis_address(self) -> str:
+        """The coordinator's URL without the password, for messages and logs."""
         return f"redis://{self.redis_host}:{self.redis_port}/0"

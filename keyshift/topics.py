@@ -2,7 +2,8 @@
 
 Topic names are defined once in `keyshift.names` (`FLIGHT_TOPICS`); this module takes names as
 arguments and never spells one. All calls go to the broker at `settings.bootstrap_servers`
-through kafka-python's `KafkaAdminClient` / `KafkaConsumer`.
+through kafka-python's `KafkaAdminClient` / `KafkaConsumer`, with the security options of
+`keyshift.kafka_clients` (`kafka_config` holds them for every client keyshift builds here).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, SaslAuthenticationFailedError, TopicAlreadyExistsError
 
 from keyshift.errors import ConfigurationError, StackError
+from keyshift.kafka_clients import client_options
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,19 +48,57 @@ class TopicInfo:
 
 
 def kafka_config(settings: Settings, client_id: str) -> dict[str, object]:
-    """Common kafka-python client settings: bootstrap servers, client id, bootstrap timeout (ms)."""
+    """Common kafka-python client settings: bootstrap servers, client id, bootstrap timeout (ms),
+    and the security options of `keyshift.kafka_clients.client_options` (SASL/PLAIN when on).
+
+    Raises:
+        ConfigurationError: for half-set SASL credentials.
+    """
     return {
         "bootstrap_servers": settings.bootstrap_servers,
         "client_id": client_id,
         "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
+        **client_options(settings),
     }
 
 
 def broker_unreachable(settings: Settings, exc: Exception) -> StackError:
-    """The error to raise when no broker answers at `settings.bootstrap_servers`."""
-    return StackError(
-        f"no Kafka broker answers at {settings.bootstrap_servers} ({exc}); start the stack with `keyshift stack up`"
+    """The error to raise when no broker answers at `settings.bootstrap_servers`.
+
+    The fix it names: the SASL settings when the broker refused the login, or when something
+    listens there but never completed a request (kafka-python reports a refused SASL login, or a
+    PLAINTEXT client at a SASL listener, only as a bootstrap timeout); else `keyshift stack up`.
+    """
+    from keyshift.stack.process import port_open
+
+    where = settings.bootstrap_servers
+    sasl_fix = (
+        "set KEYSHIFT_KAFKA_SASL_USERNAME and KEYSHIFT_KAFKA_SASL_PASSWORD to the broker's user"
+        if not settings.kafka_sasl
+        else "check KEYSHIFT_KAFKA_SASL_USERNAME and KEYSHIFT_KAFKA_SASL_PASSWORD"
     )
+    if isinstance(exc, SaslAuthenticationFailedError):
+        return StackError(f"Kafka at {where} refused the login ({exc}); {sasl_fix}")
+    if not isinstance(exc, ConnectionRefusedError) and port_open(settings.kafka_host, settings.kafka_port):
+        return StackError(
+            f"Kafka at {where} accepts connections but answered no request ({exc}); if it requires "
+            f"a login (SASL), {sasl_fix}; else see its log (`keyshift stack status` names it)"
+        )
+    return StackError(f"no Kafka broker answers at {where} ({exc}); start the stack with `keyshift stack up`")
+
+
+def check_broker(settings: Settings) -> None:
+    """Fail fast when nothing listens at `settings.bootstrap_servers` (a TCP connect, < 1 s).
+
+    kafka-python would otherwise retry for `BOOTSTRAP_TIMEOUT_MS` before giving up.
+
+    Raises:
+        StackError: nothing accepts connections there (with the fix: `keyshift stack up`).
+    """
+    from keyshift.stack.process import port_open
+
+    if not port_open(settings.kafka_host, settings.kafka_port):
+        raise broker_unreachable(settings, ConnectionRefusedError("nothing listens there"))
 
 
 @contextmanager
@@ -66,8 +106,10 @@ def admin_client(settings: Settings) -> Iterator[KafkaAdminClient]:
     """A connected `KafkaAdminClient`, closed on exit.
 
     Raises:
-        StackError: if no broker answers within `BOOTSTRAP_TIMEOUT_MS`.
+        StackError: if nothing listens at the broker's address, no broker answers within
+            `BOOTSTRAP_TIMEOUT_MS`, or it refuses the SASL login.
     """
+    check_broker(settings)
     try:
         admin = KafkaAdminClient(**kafka_config(settings, "keyshift-admin"))
     except KafkaError as exc:
@@ -273,6 +315,7 @@ def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
         ConfigurationError: the topic does not exist (create it with `keyshift topics create`).
         StackError: the broker is unreachable or does not answer in time.
     """
+    check_broker(settings)
     try:
         consumer = KafkaConsumer(
             **kafka_config(settings, "keyshift-offsets"), enable_auto_commit=False, allow_auto_create_topics=False

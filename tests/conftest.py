@@ -56,12 +56,13 @@ def read_topic(settings):
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    from keyshift.kafka_clients import client_options
     from keyshift.topics import end_offsets
 
     def read(topic: str) -> list:
         ends = end_offsets(settings, topic)
         consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                 group_id=None, consumer_timeout_ms=30_000)
+                                 group_id=None, consumer_timeout_ms=30_000, **client_options(settings))
         try:
             partitions = [TopicPartition(topic, p) for p in ends]
             consumer.assign(partitions)

@@ -531,14 +531,9 @@ def _pump(index: int, process: subprocess.Popen, job: _Job, lines: queue_module.
 
 
 def _redis(settings: Settings) -> redis.Redis:
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise StackError(
-            f"Redis does not answer at {settings.redis_url} ({exc}); start the stack with `keyshift stack up`"
-        ) from exc
-    return client
+    from keyshift.runs import redis_client
+
+    return redis_client(settings, decode_responses=False)
 
 
 def read_replay_record(settings: Settings, topic: str) -> dict[str, object] | None:

@@ -26,7 +26,7 @@ from kafka.errors import KafkaError
 from keyshift.errors import ConfigurationError, StackError
 from keyshift.monitoring.sampling import Sampler
 from keyshift.settings import Settings
-from keyshift.topics import broker_unreachable, kafka_config
+from keyshift.topics import broker_unreachable, check_broker, kafka_config
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class TopicSample:
 
 
 def _consumer(settings: Settings) -> KafkaConsumer:
+    check_broker(settings)
     try:
         return KafkaConsumer(
             **kafka_config(settings, CLIENT_ID),

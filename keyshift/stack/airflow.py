@@ -5,12 +5,16 @@ pid file and log, `logs/airflow-<component>.log`), so `keyshift stack status` ca
 down. `AIRFLOW_HOME` is `<home>/airflow`; the DAGs are the repository's `dags/`, the plugins its
 `plugins/`; no examples. Every component gets the same environment (`airflow_env`):
 
-* the simple auth manager with one admin user, `airflow_user` / `airflow_password` from the settings
-  (admin / admin by default), kept in a passwords file keyshift writes, so logins are predictable;
+* the simple auth manager with one admin user, `airflow_user` (admin by default), whose password is
+  generated (`secrets.token_urlsafe`) at the first start into the auth manager's passwords file in
+  the state directory (mode 0600), printed by `keyshift stack status`, and read back by every
+  client (`admin_password`); `KEYSHIFT_AIRFLOW_PASSWORD` overrides it;
 * one JWT secret, API secret key and Fernet key, generated once into
   `<home>/airflow/keyshift-secrets.json`, so tokens minted by one process verify in another;
 * the connection `spark_default` as `AIRFLOW_CONN_SPARK_DEFAULT` (conn_type spark, host =
   `spark_master`, e.g. `local[*]`; the Spark provider then passes `--master local[*]`);
+* `SPARK_LOCAL_IP=127.0.0.1` for a local `spark_master`, so the Spark drivers tasks start (and
+  their UIs) listen on loopback only (`keyshift.stack.spark.loopback_env`);
 * PATH starting with this environment's `bin/` (the Spark provider runs `spark-submit` from PATH),
   PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON = this interpreter, and the `KEYSHIFT_*` variables of
   the settings, so tasks see the same stack as the command that started it.
@@ -35,7 +39,7 @@ import requests
 
 from keyshift.errors import StackError
 from keyshift.settings import PROJECT_ROOT, Settings
-from keyshift.stack import process
+from keyshift.stack import process, spark
 from keyshift.stack.service import (
     BLOCKED,
     EXTERNAL,
@@ -184,6 +188,7 @@ def airflow_env(
     if bin_dir not in path.split(os.pathsep):
         path = os.pathsep.join(p for p in (bin_dir, path) if p)
     env.update(settings_env(settings))
+    spark.bind_loopback(settings, env)  # tasks' local Spark drivers and UIs on loopback only
     env.update(
         {
             "PATH": path,
@@ -215,17 +220,61 @@ def airflow_env(
     return env
 
 
-def write_passwords(settings: Settings) -> Path:
-    """Write the simple auth manager's passwords file: `{airflow_user: airflow_password}`.
+PASSWORD_BYTES = 18
+"""Random bytes of a generated admin password (`secrets.token_urlsafe`: 24 characters)."""
 
-    Rewritten on every start, so a changed `KEYSHIFT_AIRFLOW_PASSWORD` takes effect on the next
-    `keyshift stack up` after a `down`. Returns the file's path.
+
+def _stored_password(settings: Settings) -> str | None:
+    """The password of `airflow_user` in the passwords file, or None when it has none."""
+    try:
+        stored = json.loads(passwords_file(settings).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    value = stored.get(settings.airflow_user) if isinstance(stored, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def admin_password(settings: Settings, *, create: bool = False) -> str:
+    """The password of the local Airflow's admin (`settings.airflow_user`).
+
+    `KEYSHIFT_AIRFLOW_PASSWORD` when set; else the one kept in the auth manager's passwords file
+    in the state directory (`passwords_file`); else, with `create`, a new random one
+    (`secrets.token_urlsafe`), which is written there (mode 0600) before it is returned.
+    `keyshift stack up` creates it at Airflow's first start; everything else only reads it.
+
+    Raises:
+        StackError: when there is none yet and `create` is False (run `keyshift stack up`, or set
+            KEYSHIFT_AIRFLOW_PASSWORD).
     """
-    path = passwords_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(json.dumps({settings.airflow_user: settings.airflow_password}) + "\n")
-    return path
+    if settings.airflow_password is not None:
+        return settings.airflow_password.get_secret_value()
+    stored = _stored_password(settings)
+    if stored is not None:
+        return stored
+    if not create:
+        raise StackError(
+            f"no Airflow password for user {settings.airflow_user!r} in {passwords_file(settings)}; "
+            "run `keyshift stack up` (it generates one), or set KEYSHIFT_AIRFLOW_PASSWORD"
+        )
+    password = secrets.token_urlsafe(PASSWORD_BYTES)
+    _write_passwords(settings, password)
+    log.info("generated the Airflow password of %r into %s", settings.airflow_user, passwords_file(settings))
+    return password
+
+
+def _write_passwords(settings: Settings, password: str) -> Path:
+    return process.write_private(passwords_file(settings), json.dumps({settings.airflow_user: password}) + "\n")
+
+
+def write_passwords(settings: Settings) -> Path:
+    """Write the simple auth manager's passwords file: `{airflow_user: admin_password}` (mode 0600).
+
+    The password is `KEYSHIFT_AIRFLOW_PASSWORD` when set, else the one the file already holds for
+    the user, else a newly generated one (see `admin_password`). Written at every first start of
+    Airflow, so a changed `KEYSHIFT_AIRFLOW_PASSWORD` takes effect on the next `keyshift stack up`
+    after a `down`. Returns the file's path.
+    """
+    return _write_passwords(settings, admin_password(settings, create=True))
 
 
 def migrate_db(settings: Settings, env: dict[str, str], *, timeout_s: float = 600.0) -> None:
@@ -404,9 +453,18 @@ def stop(settings: Settings) -> bool:
     return stopped
 
 
+def _login(settings: Settings) -> str:
+    """`user admin, password <password>`, or where the password will come from when there is none."""
+    try:
+        password = admin_password(settings)
+    except StackError:
+        password = f"not generated yet (`keyshift stack up` writes it to {passwords_file(settings)})"
+    return f"user {settings.airflow_user}, password {password}"
+
+
 def login_hint(settings: Settings) -> str:
-    """How to log in: `http://127.0.0.1:8080 (user admin, password admin)`."""
-    return f"{base_url(settings)} (user {settings.airflow_user}, password {settings.airflow_password})"
+    """How to log in: `http://127.0.0.1:8080 (user admin, password <admin_password>)`."""
+    return f"{base_url(settings)} ({_login(settings)})"
 
 
 def status(settings: Settings) -> ServiceStatus:
@@ -424,7 +482,7 @@ def status(settings: Settings) -> ServiceStatus:
         else:
             all_ours = all(p.pid for p in procs)
             state = HEALTHY if all_ours else (UNHEALTHY if ours else EXTERNAL)
-            detail = f"login: user {settings.airflow_user}, password {settings.airflow_password}"
+            detail = f"login: {_login(settings)}"
             if state == EXTERNAL:
                 owner = process.port_owner(settings.airflow_port)
                 detail += f" ({owner.describe() if owner else 'not started by this keyshift'})"
@@ -457,13 +515,17 @@ class AirflowSession(requests.Session):
 
 
 def token(settings: Settings, *, timeout_s: float = 10.0) -> str:
-    """A JWT access token for the REST API, from `POST /auth/token` with the settings' login.
+    """A JWT access token for the REST API, from `POST /auth/token` with the admin's login.
+
+    The password is `admin_password(settings)`: KEYSHIFT_AIRFLOW_PASSWORD, else the generated
+    one in the state directory.
 
     Raises:
-        StackError: when Airflow does not answer, or refuses the user name and password.
+        StackError: when there is no password yet, Airflow does not answer, or it refuses the
+            user name and password.
     """
     url = f"{base_url(settings)}/auth/token"
-    body = {"username": settings.airflow_user, "password": settings.airflow_password}
+    body = {"username": settings.airflow_user, "password": admin_password(settings)}
     try:
         response = requests.post(url, json=body, timeout=timeout_s)
     except requests.RequestException as exc:

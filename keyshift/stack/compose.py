@@ -23,6 +23,8 @@ log = logging.getLogger("keyshift.stack.compose")
 
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
 """The repository's compose file."""
+ENV_EXAMPLE = PROJECT_ROOT / "infra" / "compose.env.example"
+"""The documented example of the `.env` file the compose file takes its secrets from."""
 
 
 def compose_binary() -> Path:
@@ -44,6 +46,7 @@ def config(
     path: Path = COMPOSE_FILE,
     *,
     environment: Mapping[str, str] | None = None,
+    env_file: Path | None = None,
     timeout_s: float = 60.0,
 ) -> dict[str, Any]:
     """Validate a compose file with Docker Compose's parser and return the resolved model.
@@ -51,21 +54,25 @@ def config(
     Args:
         path: the compose file; its folder is the project directory (relative paths resolve there).
         environment: variables for interpolation (`${AIRFLOW_USER:-admin}`); None gives none but
-            PATH and HOME, so the result does not depend on the caller's shell.
+            PATH and HOME, so the result does not depend on the caller's shell. They win over
+            `env_file`'s.
+        env_file: the env file to read variables from (`--env-file`, e.g. `ENV_EXAMPLE`); None
+            reads the project directory's `.env` when there is one, as `docker compose` does.
         timeout_s: seconds the parser may take.
 
     Returns:
         The normalised model (`docker-compose config --format json`): `services`, `volumes`, ...
 
     Raises:
-        StackError: when the file is invalid; the message is Compose's own.
+        StackError: when the file is invalid or a required variable (`${VAR:?...}`) is unset; the
+            message is Compose's own.
     """
     env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
     env.update(environment or {})
-    argv = [
-        str(compose_binary()), "--project-directory", str(path.parent), "-f", str(path),
-        "config", "--format", "json",
-    ]  # fmt: skip
+    argv = [str(compose_binary()), "--project-directory", str(path.parent), "-f", str(path)]
+    if env_file is not None:
+        argv += ["--env-file", str(env_file)]
+    argv += ["config", "--format", "json"]
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     if result.returncode != 0:
         raise StackError(f"{path} is not a valid compose file: {result.stderr.strip()}")

@@ -21,9 +21,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyshift.errors import StackError
+from keyshift import kafka_clients
+from keyshift.errors import ConfigurationError, StackError
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import maven, process
+from keyshift.stack.process import write_private
 from keyshift.stack.service import (
     BLOCKED,
     EXTERNAL,
@@ -82,24 +84,57 @@ def fetch(settings: Settings) -> list[Path]:
 def render_server_properties(settings: Settings) -> str:
     """The broker's `server.properties` for the settings: a combined broker and controller.
 
-    PLAINTEXT on `kafka_host:kafka_port`, CONTROLLER on `kafka_host:kafka_controller_port`, a
-    dynamic quorum of this one node (`controller.quorum.bootstrap.servers`, so the storage is
-    formatted with `--standalone`), replication factor and min ISR 1 for every internal topic,
-    no initial rebalance delay, topics created explicitly only (no auto-creation), data under
-    `<home>/kafka/data`.
+    The client listener on `kafka_host:kafka_port` (PLAINTEXT, or SASL_PLAINTEXT with the PLAIN
+    mechanism when `settings.kafka_sasl`), CONTROLLER on `kafka_host:kafka_controller_port`
+    (PLAINTEXT, or SASL_PLAINTEXT/PLAIN too), a dynamic quorum of this one node
+    (`controller.quorum.bootstrap.servers`, so the storage is formatted with `--standalone`),
+    replication factor and min ISR 1 for every internal topic, no initial rebalance delay, topics
+    created explicitly only (no auto-creation), data under `<home>/kafka/data`.
+
+    With SASL, each listener's `listener.name.<listener>.plain.sasl.jaas.config` holds the one
+    user (`user_<name>="<password>"`, what the broker accepts) and the same login for the broker's
+    own connections to itself and to its controller; the file then holds a password (`start`
+    writes it with mode 0600).
+
+    Raises:
+        ConfigurationError: for half-set SASL credentials or a value JAAS cannot quote.
     """
     host = settings.kafka_host
     plain = f"{host}:{settings.kafka_port}"
     controller = f"{host}:{settings.kafka_controller_port}"
+    credentials = kafka_clients.sasl_credentials(settings)
+    client = kafka_clients.SECURITY_PROTOCOL if credentials else "PLAINTEXT"  # listener name = protocol
     entries = {
         "process.roles": "broker,controller",
         "node.id": str(NODE_ID),
         "controller.quorum.bootstrap.servers": controller,
-        "listeners": f"PLAINTEXT://{plain},CONTROLLER://{controller}",
-        "advertised.listeners": f"PLAINTEXT://{plain}",
-        "inter.broker.listener.name": "PLAINTEXT",
+        "listeners": f"{client}://{plain},CONTROLLER://{controller}",
+        "advertised.listeners": f"{client}://{plain}",
+        "inter.broker.listener.name": client,
         "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:{client}",
+    }
+    if credentials:
+        username, password = credentials
+        if not all(c.isalnum() or c in "_-." for c in username):
+            raise ConfigurationError(
+                "KEYSHIFT_KAFKA_SASL_USERNAME must be letters, digits, '_', '-' or '.' "
+                f"(it becomes the JAAS option user_<name>); got {username!r}"
+            )
+        user = kafka_clients.jaas_value(username, "KEYSHIFT_KAFKA_SASL_USERNAME")
+        secret = kafka_clients.jaas_value(password, "KEYSHIFT_KAFKA_SASL_PASSWORD")
+        jaas = (
+            f"{kafka_clients.PLAIN_LOGIN_MODULE} required username={user} password={secret} "
+            f"user_{username}={secret};"
+        )
+        entries |= {
+            "sasl.enabled.mechanisms": kafka_clients.SASL_MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": kafka_clients.SASL_MECHANISM,
+            "sasl.mechanism.controller.protocol": kafka_clients.SASL_MECHANISM,
+            f"listener.name.{client.lower()}.plain.sasl.jaas.config": jaas,
+            "listener.name.controller.plain.sasl.jaas.config": jaas,
+        }
+    entries |= {
         "log.dirs": str(data_dir(settings)),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
@@ -231,6 +266,7 @@ def probe(settings: Settings, *, timeout_s: float = 5.0) -> KafkaHealth:
             client_id="keyshift-stack-health",
             request_timeout_ms=timeout_ms,
             bootstrap_timeout_ms=timeout_ms,
+            **kafka_clients.client_options(settings),
         )
     except KafkaError as exc:
         raise StackError(f"Kafka on {settings.bootstrap_servers} did not answer: {exc}") from exc
@@ -294,7 +330,7 @@ def start(settings: Settings) -> bool:
     fetch(settings)
     java = java_executable()
     kafka_dir(settings).mkdir(parents=True, exist_ok=True)
-    config_file(settings).write_text(render_server_properties(settings))
+    write_private(config_file(settings), render_server_properties(settings))
     format_storage(settings)
     argv = [
         java, "-Xms256m", f"-Xmx{HEAP}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",

@@ -278,6 +278,27 @@ def stop(home: Path, name: str, *, timeout_s: float = 30.0) -> bool:
     return True
 
 
+def write_private(path: Path, text: str) -> Path:
+    """Write `text` to `path` readable by its owner only (mode 0600), atomically; return `path`.
+
+    For files that hold a password or a secret (a rendered config, a generated password). The
+    file is written beside `path` with mode 0600 from its creation on, then renamed over it, so
+    no reader ever sees it half written or with wider permissions.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o600)  # O_CREAT's mode is masked by the umask; make it exact
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def tail(path: Path | str, lines: int = 20) -> str:
     """The last `lines` lines of a text file ('' when it does not exist), for error messages."""
     try:

@@ -4,6 +4,10 @@ Runs `redis-server <home>/redis/redis.conf` in the foreground (`daemonize no`; k
 pid file), bound to `redis_host` (127.0.0.1) on `redis_port`, with the append-only file on and its data in
 `<home>/redis/`. Health is a PING through redis-py. When `redis-server` is missing and keyshift
 runs as root, it installs Debian's package with apt-get; otherwise it says how to.
+
+With `KEYSHIFT_REDIS_PASSWORD` set, the config gets `requirepass` (the file is then written with
+mode 0600, and the password is never on the command line) and every client of keyshift logs in
+through `settings.redis_url`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from keyshift.errors import StackError
+from keyshift.errors import ConfigurationError, StackError
 from keyshift.settings import Settings
 from keyshift.stack import process
 from keyshift.stack.service import (
@@ -53,7 +57,11 @@ def render_config(settings: Settings) -> str:
 
     `redis_host` (loopback by default), `redis_port`, protected mode, foreground (`daemonize no`, `supervised no`),
     log to stdout (keyshift appends it to `logs/redis.log`), append-only file with an fsync every
-    second, RDB snapshots as Redis's defaults, data in `<home>/redis`.
+    second, RDB snapshots as Redis's defaults, data in `<home>/redis`; `requirepass` when
+    `settings.redis_password` is set.
+
+    Raises:
+        ConfigurationError: for a password with a control character (redis.conf cannot hold it).
     """
     lines = [
         "# Rendered by keyshift (keyshift/stack/redis.py) on every `keyshift stack up`;",
@@ -73,7 +81,20 @@ def render_config(settings: Settings) -> str:
         "appendfsync everysec",
         "databases 16",
     ]
+    if settings.redis_password is not None:
+        lines.append(f"requirepass {_conf_string(settings.redis_password.get_secret_value())}")
     return "\n".join(lines) + "\n"
+
+
+def _conf_string(text: str) -> str:
+    """`text` as a double-quoted redis.conf argument (backslash and quote escaped).
+
+    Raises:
+        ConfigurationError: when it is empty or holds a control character.
+    """
+    if not text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ConfigurationError("KEYSHIFT_REDIS_PASSWORD must be non-empty and hold no control character")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def server_executable(*, install: bool = True) -> str:
@@ -116,15 +137,18 @@ def _apt_install(package: str) -> None:
 
 
 def client(settings: Settings, *, timeout_s: float = 2.0) -> redis_py.Redis:
-    """A redis-py client for probes: database 0, socket timeouts of `timeout_s` s, no retries."""
+    """A redis-py client for probes: database 0, the settings' password, socket timeouts of
+    `timeout_s` s, no retries."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    password = settings.redis_password
     return redis.Redis(
         host=settings.redis_host,
         port=settings.redis_port,
         db=0,
+        password=None if password is None else password.get_secret_value(),
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),  # a probe answers now or not: the caller does the waiting
@@ -135,19 +159,30 @@ def ping(settings: Settings, *, timeout_s: float = 2.0) -> str:
     """PING the server; return its version.
 
     Raises:
-        StackError: when it does not answer within `timeout_s` seconds.
+        StackError: when it does not answer within `timeout_s` seconds, or refuses the password
+            (or its absence): the message says which setting to fix.
     """
     import redis
 
+    where = f"Redis on {settings.redis_host}:{settings.redis_port}"
     conn = client(settings, timeout_s=timeout_s)
     try:
         if not conn.ping():
-            raise StackError(f"Redis on {settings.redis_host}:{settings.redis_port} did not answer PING")
+            raise StackError(f"{where} did not answer PING")
         return str(conn.info("server").get("redis_version", "?"))
+    except redis.AuthenticationError as exc:
+        raise StackError(f"{where} refused the login ({exc}); {auth_fix(settings)}") from exc
     except redis.RedisError as exc:
-        raise StackError(f"Redis on {settings.redis_host}:{settings.redis_port} did not answer: {exc}") from exc
+        raise StackError(f"{where} did not answer: {exc}") from exc
     finally:
         conn.close()
+
+
+def auth_fix(settings: Settings) -> str:
+    """What to do when Redis refuses keyshift's login (NOAUTH, WRONGPASS, or AUTH without a password set)."""
+    if settings.redis_password is None:
+        return "it wants a password: set KEYSHIFT_REDIS_PASSWORD to the one it was started with"
+    return "set KEYSHIFT_REDIS_PASSWORD to the server's password (unset it if the server has none)"
 
 
 def is_healthy(settings: Settings, *, timeout_s: float = 2.0) -> bool:
@@ -179,16 +214,23 @@ def start(settings: Settings) -> bool:
     if process.port_open(settings.redis_host, settings.redis_port):
         owner = process.port_owner(settings.redis_port)
         who = owner.describe() if owner else "owner unknown"
-        if is_healthy(settings):
-            log.info("a Redis already answers on %s (%s); reusing it", settings.redis_url, who)
+        import redis
+
+        try:
+            ping(settings)
+            log.info("a Redis already answers on %s (%s); reusing it", settings.redis_address, who)
             return False
+        except StackError as exc:
+            if isinstance(exc.__cause__, redis.AuthenticationError):
+                raise StackError(f"{exc} ({who})") from exc
         raise StackError(
             f"port {settings.redis_host}:{settings.redis_port} is in use by another process ({who}); "
             "stop it, or choose another port with KEYSHIFT_REDIS_PORT"
         )
+    config = render_config(settings)
     server = server_executable()
     redis_dir(settings).mkdir(parents=True, exist_ok=True)
-    config_file(settings).write_text(render_config(settings))
+    process.write_private(config_file(settings), config)
     process.start(home, NAME, [server, str(config_file(settings))], cwd=redis_dir(settings))
     return True
 
@@ -225,7 +267,7 @@ def status(settings: Settings) -> ServiceStatus:
     record = process.running_record(settings.home, NAME)
     proc = ProcessState(NAME, record.pid if record else None,
                         str(process.log_file(settings.home, NAME)))
-    address = f"redis://{settings.redis_host}:{settings.redis_port}/0"
+    address = settings.redis_address
     try:
         version = ping(settings)
         detail = f"Redis {version}, append-only file on"

@@ -9,6 +9,8 @@ the paths to `spark.jars` (comma-joined) before the first `getOrCreate()`, or to
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from keyshift.errors import StackError
@@ -53,3 +55,38 @@ def connector_jars(settings: Settings) -> list[Path]:
 def jars_option(settings: Settings) -> str:
     """The connector jars comma-joined, the value for `spark.jars` or `spark-submit --jars`."""
     return ",".join(str(jar) for jar in connector_jars(settings))
+
+
+LOCAL_IP_VARIABLE = "SPARK_LOCAL_IP"
+"""The environment variable that sets the address a Spark driver binds to, its web UI included.
+
+Spark's web UI (port 4040) listens on `SPARK_LOCAL_IP`, else on 0.0.0.0: no configuration key
+moves it (`spark.driver.bindAddress` and `spark.driver.host` cover only the RPC and block manager
+ports). It must be in the environment before the driver's JVM starts."""
+LOOPBACK = "127.0.0.1"
+
+
+def is_local_master(master: str) -> bool:
+    """True for `local`, `local[N]`, `local[*]`, `local[N,F]`: driver and executors in one JVM."""
+    return master == "local" or master.startswith("local[")
+
+
+def loopback_env(settings: Settings) -> dict[str, str]:
+    """`{"SPARK_LOCAL_IP": "127.0.0.1"}` for a local master, `{}` for a cluster one.
+
+    With a local master nothing outside this host needs the driver, so its ports and its UI
+    bind to loopback; a cluster's executors must reach the driver, so there the choice stays
+    with whoever runs it (the compose file, spark-submit's environment).
+    """
+    return {LOCAL_IP_VARIABLE: LOOPBACK} if is_local_master(settings.spark_master) else {}
+
+
+def bind_loopback(settings: Settings, environ: MutableMapping[str, str] | None = None) -> None:
+    """Put `loopback_env(settings)` into `environ` (default `os.environ`), unless already set there.
+
+    Call it before the first SparkSession of the process (the `keyshift` command does); a
+    `SPARK_LOCAL_IP` the user set is kept.
+    """
+    target = os.environ if environ is None else environ
+    for key, value in loopback_env(settings).items():
+        target.setdefault(key, value)

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from keyshift import stack
 from keyshift.errors import StackError
+from keyshift.kafka_clients import client_options
 from keyshift.settings import Settings
 from keyshift.stack import airflow, kafka, process, redis
 
@@ -59,10 +60,11 @@ def test_kafka_answers_metadata_and_carries_records(running, settings):
     assert health.cluster_id
 
     topic = f"keyshift-stack-test-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15000)
+    security = client_options(settings)  # {} unless SASL/PLAIN is configured
+    admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=15000, **security)
     try:
         admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
-        producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, **security)
         for i in range(10):
             producer.send(topic, key=str(i % 2).encode(), value=f"event-{i}".encode())
         producer.flush(timeout=30)
@@ -74,6 +76,7 @@ def test_kafka_answers_metadata_and_carries_records(running, settings):
             auto_offset_reset="earliest",
             group_id=f"{topic}-group",
             consumer_timeout_ms=15000,
+            **security,
         )
         assert topic in consumer.topics()  # a metadata request through the consumer too
         values = sorted(record.value.decode() for _, record in zip(range(10), consumer))
@@ -108,6 +111,10 @@ def test_airflow_is_healthy_and_its_api_takes_our_token(running, settings):
     assert session.get("/api/v2/dags", timeout=30).status_code == 200
     # and without the token the API refuses
     assert requests.get(f"{airflow.base_url(settings)}/api/v2/dags", timeout=30).status_code == 401
+    # the token came from the password kept in the state directory; another one is refused
+    assert airflow.admin_password(settings)
+    with pytest.raises(StackError, match="refused user"):
+        airflow.token(Settings(airflow_password="not-" + airflow.admin_password(settings)))
 
 
 def test_airflow_sees_the_spark_default_connection(running, settings):
@@ -138,10 +145,11 @@ def test_status_command_prints_each_state_and_address(running, settings):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     up = ("healthy", "external")
-    for name, address in (("kafka", settings.bootstrap_servers), ("redis", settings.redis_url),
+    for name, address in (("kafka", settings.bootstrap_servers), ("redis", settings.redis_address),
                           ("airflow", airflow.base_url(settings))):
         assert any(line.split()[:3] in ([name, state, address] for state in up) for line in lines), name
     assert "airflow-scheduler" in result.output
+    assert f"password {airflow.admin_password(settings)}" in result.output  # the login to use
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 `docker-compose config` validates the file against the Compose specification, resolves anchors,
 merges and variables, and prints the model `docker compose up` would run; these tests check that
 model: the services DESIGN.md names, the images and versions, loopback-only ports, health checks,
-start order, the mounts and the settings each container gets.
+start order, the mounts and the settings each container gets. Secrets come from an env file: the
+tests pass the documented example (`infra/compose.env.example`) and check that the YAML itself
+holds no password.
 """
 
 from __future__ import annotations
@@ -21,9 +23,21 @@ AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-proce
 LONG_RUNNING = ("kafka", "redis", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES)
 
 
+SECRET_VARIABLES = (
+    "AIRFLOW_PASSWORD", "POSTGRES_PASSWORD", "REDIS_PASSWORD",
+    "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
+)
+
+
+def _example() -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in compose.ENV_EXAMPLE.read_text().splitlines()
+             if line.strip() and not line.startswith("#"))
+    return {key: value for key, value in pairs}
+
+
 @pytest.fixture(scope="module")
 def model() -> dict:
-    return compose.config()
+    return compose.config(env_file=compose.ENV_EXAMPLE)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +83,12 @@ def test_containers_reach_kafka_by_its_advertised_docker_listener(services):
     assert "HOST://localhost:9092" in advertised
 
 
-def test_redis_keeps_an_append_only_file(services):
-    assert services["redis"]["command"][:3] == ["redis-server", "--appendonly", "yes"]
+def test_redis_keeps_an_append_only_file_and_requires_the_password(services):
+    script = services["redis"]["command"][0]
+    assert "exec redis-server /tmp/keyshift-auth.conf --appendonly yes" in script
+    assert 'requirepass "%s"' in script and "${REDIS_PASSWORD}" in script  # $$ unescaped by compose
+    assert services["redis"]["environment"]["REDIS_PASSWORD"] == _example()["REDIS_PASSWORD"]
+    assert "REDISCLI_AUTH" in services["redis"]["healthcheck"]["test"][1]
 
 
 def test_published_ports_bind_loopback_only(services):
@@ -154,10 +172,62 @@ def test_spark_default_and_keyshift_settings_point_at_the_standalone_master(serv
 
 
 def test_login_follows_the_environment(tmp_path):
-    model = compose.config(environment={"AIRFLOW_USER": "ops", "AIRFLOW_PASSWORD": "pw"})
+    model = compose.config(env_file=compose.ENV_EXAMPLE, environment={"AIRFLOW_USER": "ops", "AIRFLOW_PASSWORD": "pw"})
     env = model["services"]["airflow-apiserver"]["environment"]
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "ops:admin"
     assert env["KEYSHIFT_AIRFLOW_PASSWORD"] == "pw"
+
+
+def test_every_secret_comes_from_the_env_file(services):
+    example = _example()
+    assert set(SECRET_VARIABLES) <= set(example)
+    for name in AIRFLOW_SERVICES:
+        env = services[name]["environment"]
+        assert env["KEYSHIFT_AIRFLOW_PASSWORD"] == example["AIRFLOW_PASSWORD"]
+        assert env["KEYSHIFT_REDIS_PASSWORD"] == example["REDIS_PASSWORD"]
+        assert env["AIRFLOW__CORE__FERNET_KEY"] == example["AIRFLOW_FERNET_KEY"]
+        assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == example["AIRFLOW_JWT_SECRET"]
+        assert env["AIRFLOW__API__SECRET_KEY"] == example["AIRFLOW_API_SECRET_KEY"]
+        assert f":{example['POSTGRES_PASSWORD']}@postgres:" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == example["POSTGRES_PASSWORD"]
+    # the Spark containers run keyshift code too: they reach Redis with the same password
+    assert services["spark-worker"]["environment"]["KEYSHIFT_REDIS_PASSWORD"] == example["REDIS_PASSWORD"]
+
+
+def test_the_yaml_holds_no_password_literal():
+    import yaml
+
+    text = compose.COMPOSE_FILE.read_text()
+    secret_key = re.compile(r"(PASSWORD|SECRET|SECRET_KEY|FERNET_KEY|SQL_ALCHEMY_CONN)$")
+    found: dict[str, str] = {}
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, str) and secret_key.search(str(key)):
+                    found[f"{path}.{key}"] = value
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{path}[{i}]")
+
+    walk(yaml.safe_load(text), "")
+    assert len(found) >= 8, found  # the walk sees every secret-bearing setting
+    for where, value in found.items():
+        # only required variables (${VAR:?message}), no literal and no default (${VAR:-x})
+        assert re.search(r"\$\{\w+:\?", value), f"{where} is not a required variable: {value}"
+        skeleton = re.sub(r"\$\{\w+:\?[^}]*\}", "", value)
+        assert skeleton in ("", "postgresql+psycopg2://airflow:@postgres:5432/airflow"), (where, value)
+    for variable in SECRET_VARIABLES:
+        assert re.search(rf"\$\{{{variable}:\?", text), f"{variable} is not required"
+        assert not re.search(rf"\$\{{{variable}:?-", text), f"{variable} has a default"
+
+
+def test_a_missing_secret_stops_compose_and_names_it(tmp_path):
+    partial = tmp_path / "partial.env"
+    partial.write_text("\n".join(f"{k}={v}" for k, v in _example().items() if k != "REDIS_PASSWORD") + "\n")
+    with pytest.raises(StackError, match="set REDIS_PASSWORD in .env"):
+        compose.config(env_file=partial)
 
 
 def test_the_parser_rejects_an_invalid_file(tmp_path):

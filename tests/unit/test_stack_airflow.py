@@ -162,7 +162,45 @@ def test_session_sends_relative_urls_to_the_api_server():
 
 def test_token_without_a_server_is_a_stack_error():
     with pytest.raises(StackError, match="did not answer"):
-        airflow.token(Settings(airflow_port=1), timeout_s=1)
+        airflow.token(Settings(airflow_port=1, airflow_password="pw"), timeout_s=1)
+
+
+def test_token_without_any_password_says_how_to_get_one(settings):
+    with pytest.raises(StackError, match="run `keyshift stack up`.*KEYSHIFT_AIRFLOW_PASSWORD"):
+        airflow.token(settings, timeout_s=1)
+
+
+def test_the_admin_password_is_generated_once_kept_private_and_read_back(settings):
+    assert settings.airflow_password is None  # no password in the code or the defaults
+    path = airflow.write_passwords(settings)  # what the first `stack up` does
+    generated = airflow.admin_password(settings)
+
+    assert json.loads(path.read_text()) == {"admin": generated}
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert len(generated) >= 24 and generated != "admin"
+    airflow.write_passwords(settings)  # a later first start keeps it
+    assert airflow.admin_password(settings) == generated
+    assert airflow.login_hint(settings) == f"http://127.0.0.1:18080 (user admin, password {generated})"
+    # another state directory gets another password
+    other = Settings(home=settings.home.parent / "other", airflow_port=18080)
+    assert airflow.admin_password(other, create=True) != generated
+
+
+def test_keyshift_airflow_password_overrides_the_generated_one(settings, monkeypatch):
+    airflow.write_passwords(settings)
+    monkeypatch.setenv("KEYSHIFT_AIRFLOW_PASSWORD", "from-env")
+    overridden = Settings(home=settings.home, airflow_port=18080)
+
+    assert airflow.admin_password(overridden) == "from-env"
+    airflow.write_passwords(overridden)
+    assert json.loads(airflow.passwords_file(settings).read_text()) == {"admin": "from-env"}
+    assert "from-env" not in repr(overridden)  # a SecretStr: not in reprs and logs
+
+
+def test_tasks_bind_local_spark_drivers_to_loopback(settings, env):
+    assert env["SPARK_LOCAL_IP"] == "127.0.0.1"
+    cluster = Settings(home=settings.home, spark_master="spark://master:7077")
+    assert "SPARK_LOCAL_IP" not in airflow.airflow_env(cluster, secrets_=SECRETS, base={"PATH": "/bin"})
 
 
 def test_login_hint_names_address_user_and_password():

@@ -52,6 +52,61 @@ def test_internal_topics_fit_one_broker(settings, key):
     assert _properties(kafka.render_server_properties(settings))[key] == "1"
 
 
+def test_sasl_is_off_by_default_and_clients_get_no_security_options(settings):
+    from keyshift import kafka_clients
+
+    props = _properties(kafka.render_server_properties(settings))
+    assert props["listener.security.protocol.map"] == "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    assert not [key for key in props if "sasl" in key]
+    assert kafka_clients.client_options(settings) == {}
+    assert kafka_clients.spark_options(settings) == {}
+
+
+def test_sasl_plain_secures_both_listeners_with_one_user(settings):
+    from keyshift import kafka_clients
+
+    secured = Settings(home=settings.home, kafka_port=19092, kafka_controller_port=19093,
+                       kafka_sasl_username="ks", kafka_sasl_password="p4ss word")
+    props = _properties(kafka.render_server_properties(secured))
+
+    assert props["listeners"] == "SASL_PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "SASL_PLAINTEXT://127.0.0.1:19092"
+    assert props["listener.security.protocol.map"] == "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT"
+    assert props["sasl.enabled.mechanisms"] == "PLAIN"
+    assert props["sasl.mechanism.inter.broker.protocol"] == "PLAIN"
+    assert props["sasl.mechanism.controller.protocol"] == "PLAIN"
+    jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+            'username="ks" password="p4ss word" user_ks="p4ss word";')
+    assert props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] == jaas
+    assert props["listener.name.controller.plain.sasl.jaas.config"] == jaas
+    assert kafka_clients.client_options(secured) == {
+        "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "ks", "sasl_plain_password": "p4ss word",
+    }
+    assert kafka_clients.spark_options(secured) == {
+        "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                                  'username="ks" password="p4ss word";',
+    }
+
+
+@pytest.mark.parametrize(
+    "username, password, match",
+    [
+        ("ks", None, "KEYSHIFT_KAFKA_SASL_PASSWORD"),  # half set: which one is missing
+        (None, "pw", "KEYSHIFT_KAFKA_SASL_USERNAME"),
+        ("ks", 'a"b', "double quote"),  # JAAS cannot quote it
+        ("k s", "pw", "letters, digits"),  # becomes the option name user_<name>
+    ],
+)
+def test_bad_sasl_settings_are_configuration_errors(settings, username, password, match):
+    from keyshift.errors import ConfigurationError
+
+    bad = Settings(home=settings.home, kafka_sasl_username=username, kafka_sasl_password=password)
+    with pytest.raises(ConfigurationError, match=match):
+        kafka.render_server_properties(bad)
+
+
 def test_every_listener_is_on_loopback_by_default():
     props = _properties(kafka.render_server_properties(Settings()))
     for listener in props["listeners"].split(","):

@@ -60,3 +60,24 @@ def test_missing_server_as_root_installs_debians_package(monkeypatch):
 
     assert redis.server_executable() == "/usr/bin/redis-server"
     assert installed == ["redis-server"]
+
+
+def test_no_password_by_default(settings):
+    assert "requirepass" not in _directives(redis.render_config(settings))
+    assert settings.redis_url == "redis://127.0.0.1:16379/0"
+
+
+def test_a_password_goes_to_requirepass_and_into_the_url_quoted(settings):
+    secured = Settings(home=settings.home, redis_port=16379, redis_password='p "w"@/x')
+    conf = _directives(redis.render_config(secured))
+
+    assert conf["requirepass"] == '"p \\"w\\"@/x"'  # redis.conf's quoting
+    assert secured.redis_url == "redis://:p%20%22w%22%40%2Fx@127.0.0.1:16379/0"
+    assert "p " not in secured.redis_address and "p " not in repr(secured)
+
+
+def test_a_password_with_a_control_character_is_refused(settings):
+    from keyshift.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="KEYSHIFT_REDIS_PASSWORD"):
+        redis.render_config(Settings(home=settings.home, redis_password="a\nb"))
