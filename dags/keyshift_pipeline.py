@@ -16,8 +16,11 @@ the input topic; the job starts reading where this replay began) → `choose_mod
 
 Finally `verify_summary` checks `runs/<run_id>/summary.json`: events read = window counts + late
 events + dead letters = events produced (= `limit` when bounded), and writes
-`runs/<run_id>/pipeline.json`. The job's run id is the Airflow run id made path-safe
-(`job_run_id`). All logic lives in `keyshift.orchestration`; this file only wires tasks and does
+`runs/<run_id>/pipeline.json`; then `data_quality` runs the Great Expectations checkpoints of
+`keyshift/quality/gx/` on the run (the windows table, the run's alert records, the run's
+reconciliation), builds the run's Data Docs in `runs/<run_id>/data_docs/index.html`, and fails
+naming each failed expectation with a sample of its rows. The job's run id is the Airflow run id
+made path-safe (`job_run_id`). All logic lives in `keyshift.orchestration`; this file only wires tasks and does
 nothing at import.
 """
 
@@ -96,6 +99,18 @@ def keyshift_pipeline():
         return pipeline.conclude_run(Settings(), pipeline.job_run_id(run_id), params,
                                      replayed=replayed, dag_run_id=run_id)
 
+    @task
+    def data_quality(run_id=None, params=None) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from keyshift.orchestration.quality import check_run_quality
+        from keyshift.settings import Settings
+
+        outcome = check_run_quality(Settings(), pipeline.job_run_id(run_id), params)
+        if outcome["skipped"]:
+            raise AirflowSkipException(outcome["reason"])
+        return outcome
+
     spark_submit = SparkSubmitOperator(
         task_id="spark_submit",
         conn_id="spark_default",
@@ -115,7 +130,7 @@ def keyshift_pipeline():
     replayed, launched = replay(), launch_job()
     provision_topics() >> replayed >> choose_mode() >> [spark_submit, launched]
     launched >> watch_job
-    [spark_submit, watch_job] >> verify_summary(replayed)
+    [spark_submit, watch_job] >> verify_summary(replayed) >> data_quality()
 
 
 keyshift_pipeline()

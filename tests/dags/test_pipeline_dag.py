@@ -55,6 +55,7 @@ def test_dag_shape(dag):
         "launch_job": ["choose_mode"],
         "watch_job": ["launch_job"],
         "verify_summary": ["replay", "spark_submit", "watch_job"],
+        "data_quality": ["verify_summary"],  # after the job on both paths
     }
     assert dag.task_dict["verify_summary"].trigger_rule == "none_failed_min_one_success"
     assert dag.catchup is False
@@ -421,9 +422,14 @@ def test_dag_test_continuous_path_launch_watch_stop(stack_settings, tmp_path):
     assert result["tasks"]["spark_submit"] == "skipped"
     assert result["tasks"]["launch_job"] == result["tasks"]["watch_job"] == "success"
     assert result["tasks"]["verify_summary"] == "success"
+    assert result["tasks"]["data_quality"] == "success"
     run_dir = runs / result["run_id"]
     record = json.loads((run_dir / "pipeline.json").read_text())
     assert record["mode"] == "continuous"
+    # the GX checkpoints ran on the stopped run (partial: it may have read less than produced)
+    assert record["quality"]["success"] is True, record["quality"]
+    assert {s["suite"] for s in record["quality"]["suites"]} == {"flight_delay_windows", "flight_delay_alerts", "run_reconciliation"}
+    assert (run_dir / "data_docs" / "index.html").is_file()
     assert "consumer lag" in proc.stdout + proc.stderr  # the trigger logged the job's lag
 
 
