@@ -42,10 +42,13 @@ PARTIAL_SCHEMA = T.StructType(
         T.StructField("kafka_partition", T.IntegerType(), True),
         T.StructField("dead_letter_reason", T.StringType(), True),
         T.StructField("raw_value", T.StringType(), True),
+        T.StructField("raw_encoding", T.StringType(), True),
+        T.StructField("raw_key_base64", T.StringType(), True),
     ]
 )
 """Rows sent to the stateful processor: a partial (count events of origin in a window) or, when
-`dead_letter_reason` is set, one dead letter (count 1, `raw_value` and `kafka_offsets` set)."""
+`dead_letter_reason` is set, one dead letter (count 1, `kafka_offsets` and the raw payload
+`raw_value`, `raw_encoding`, `raw_key_base64` of `keyshift.processing.records` set)."""
 
 PARTIAL_COLUMNS = [field.name for field in PARTIAL_SCHEMA.fields]
 
@@ -118,6 +121,8 @@ def partials_of(
             kafka_partition=partitions.astype(np.int32),
             dead_letter_reason=dead["dead_letter_reason"].to_numpy(),
             raw_value=dead["raw_value"].to_numpy(),
+            raw_encoding=dead["raw_encoding"].to_numpy(),
+            raw_key_base64=dead["raw_key_base64"].to_numpy(),
         )
         frames.append(pd.DataFrame(columns, columns=PARTIAL_COLUMNS))
     valid = events[~rejected]
@@ -157,6 +162,8 @@ def partials_of(
                     "kafka_partition": valid["kafka_partition"].to_numpy(np.int32)[order][first],
                     "dead_letter_reason": [None] * len(first),
                     "raw_value": [None] * len(first),
+                    "raw_encoding": [None] * len(first),
+                    "raw_key_base64": [None] * len(first),
                 }
             )
         )

@@ -4,14 +4,31 @@ It runs inside `groupBy("token").transformWithStateInPandas(...)`: Spark calls i
 token per micro-batch with all of that slot's rows (DESIGN.md: group by slot token, aggregate the
 batch vectorized, touch state per key per batch, never per event). Its input is partial
 aggregates per (origin, window) made before the shuffle (`keyshift.processing.local_merge`).
-Per key (origin) it keeps the pending, not yet final windows in a MapState keyed by the origin;
-one `getValue` and one `updateValue` per touched key per batch.
+Per key (origin) it keeps the pending, not yet final windows in a MapState keyed by the origin,
+with the ids of their events; one `getValue` and one `updateValue` per touched key per batch.
+
+Duplicated event ids. A duplicate is an event whose `event_id` the same key has already
+delivered inside the dedup horizon: an earlier micro-batch's event still in one of the key's
+open windows (its ids are in the MapState), or another event of the same micro-batch. It is not
+counted in any window; it goes out as a `dead_letter` row with reason `duplicate event_id`
+carrying the event's id and fields and its Kafka coordinates (its raw bytes are not carried
+through the shuffle; read them at that offset). Within a batch, the copy with the lowest
+(Kafka partition, offset) is kept, whatever order the shuffle delivers rows in, so a replayed
+batch makes the same choice. The horizon is the key's open windows: an id is remembered until
+the watermark closes the window of the event that carried it. A copy arriving after that is
+late (its window is closed) and goes to the late output like any late event, so no window ever
+counts an event twice. Cost in state: 8 bytes per event in an open window (a 2-day bound over
+flights-3m keeps about 33,000 ids, 264 KB, over all keys), read and written with the key's
+windows, no extra state call. The key is the origin and the Kafka key must equal it
+(`keyshift.processing.records`), so every copy of an event reaches the same key and slot (for
+a key split by hot_split, the piece is a function of the event id, so copies meet there too).
 
 Output rows are tagged by `kind`:
 - `window`: a final window [start, start + 1 h) of an origin, emitted once when the watermark
   passes its end (an event-time timer at `end - 1`, since Spark fires timers at expiry < watermark);
 - `late`: an event whose window had already closed when it arrived (window end <= watermark);
-- `dead_letter`: a record that failed validation, passed through with its reason;
+- `dead_letter`: a record that failed validation, passed through with its reason and raw payload,
+  or a duplicated event (reason `duplicate event_id`, with its fields);
 - `load`: one row per slot per batch: events the slot processed in the batch (`count`).
 So that for every batch: input rows = Σ `load.count` and, over a run, events read =
 Σ window counts + late + dead letters.
@@ -34,6 +51,9 @@ KIND_WINDOW = "window"
 KIND_LATE = "late"
 KIND_DEAD_LETTER = "dead_letter"
 KIND_LOAD = "load"
+
+DUPLICATE_EVENT_ID = "duplicate event_id"
+"""Dead-letter reason of an event whose id its key already delivered inside the dedup horizon."""
 
 ALERT_MIN_MEAN_DELAY_MIN = 30.0
 """An origin-hour alerts when its mean delay is at least this many minutes ..."""
@@ -75,6 +95,8 @@ OUTPUT_SCHEMA = T.StructType(
         T.StructField("watermark_ms", T.LongType(), True),
         T.StructField("dead_letter_reason", T.StringType(), True),
         T.StructField("raw_value", T.StringType(), True),
+        T.StructField("raw_encoding", T.StringType(), True),
+        T.StructField("raw_key_base64", T.StringType(), True),
         T.StructField("kafka_partition", T.IntegerType(), True),
         T.StructField("kafka_offset", T.LongType(), True),
     ]
@@ -84,10 +106,14 @@ OUTPUT_SCHEMA = T.StructType(
 _OUTPUT_COLUMNS = [field.name for field in OUTPUT_SCHEMA.fields]
 
 PENDING_KEY_SCHEMA = T.StructType([T.StructField("origin", T.StringType(), False)])
-PENDING_VALUE_SCHEMA = T.StructType([T.StructField("partials", T.BinaryType(), False)])
+PENDING_VALUE_SCHEMA = T.StructType(
+    [T.StructField("partials", T.BinaryType(), False), T.StructField("event_ids", T.BinaryType(), False)]
+)
 """MapState `pending_windows`: origin -> its open windows' partial aggregates, packed by
-`pack_pending` (a 4 x n int64 array: window_start_ms, count, sum_delay_min, max_delay_min).
-One bytes value instead of four arrays: pyspark serializes array elements one by one in Python."""
+`pack_pending` (a 4 x n int64 array: window_start_ms, count, sum_delay_min, max_delay_min, windows
+sorted by start), and the ids of their events (int64 bytes, window by window in that order,
+`count` ids each: the dedup horizon). Bytes instead of arrays: pyspark serializes array elements
+one by one in Python."""
 
 PENDING_STATE_NAME = "pending_windows"
 
@@ -117,6 +143,14 @@ def unpack_pending(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     """
     rows = np.frombuffer(blob, dtype=np.int64).reshape(4, -1)
     return rows[0], rows[1], rows[2], rows[3]
+
+
+def _flat(partials: pd.DataFrame, order: np.ndarray, column: str, dtype=np.int64) -> np.ndarray:
+    """A list column of `partials`, its lists concatenated in `order` (one element per event)."""
+    values = partials[column].to_numpy(object)[order]
+    if not len(values):
+        return np.empty(0, dtype=dtype)
+    return np.concatenate([np.asarray(v, dtype=dtype) for v in values])
 
 
 def merge_partials(
@@ -164,13 +198,16 @@ class FlightDelayProcessor(StatefulProcessor):
         """Fold one slot's partials into its keys' pending windows; emit late, dead, load rows.
 
         `rows` are `keyshift.processing.local_merge.PARTIAL_SCHEMA` chunks: partial aggregates
-        per (origin, window) and single dead letters.
+        per (origin, window) and single dead letters. A partial whose window the watermark has
+        closed goes out as late events; duplicated event ids go out as dead letters (see the
+        module docstring); the rest is merged into the MapState, one read and one write per
+        origin touched, never per event.
         """
         token = int(key[0])
         slot = self._slot_of_token.get(token, -1)
         watermark_ms = timerValues.getCurrentWatermarkInMs()
         processed = 0
-        origins, starts, counts, sums, maxes = [], [], [], [], []
+        open_partials = []
         for chunk in rows:
             processed += int(chunk["count"].sum())
             rejected = chunk["dead_letter_reason"].notna().to_numpy()
@@ -179,43 +216,121 @@ class FlightDelayProcessor(StatefulProcessor):
                 chunk = chunk[~rejected]
             if chunk.empty:
                 continue
-            chunk_starts = chunk["window_start_ms"].to_numpy(np.int64)
-            late = chunk_starts + self._window_ms <= watermark_ms
+            late = chunk["window_start_ms"].to_numpy(np.int64) + self._window_ms <= watermark_ms
             if late.any():
                 yield self._late_events(chunk[late], slot, watermark_ms)
-                chunk, chunk_starts = chunk[~late], chunk_starts[~late]
-            origins.append(chunk["origin"].to_numpy(object))
-            starts.append(chunk_starts)
-            counts.append(chunk["count"].to_numpy(np.int64))
-            sums.append(chunk["sum_delay_min"].to_numpy(np.int64))
-            maxes.append(chunk["max_delay_min"].to_numpy(np.int64))
+                chunk = chunk[~late]
+            if len(chunk):  # a batch whose every partial is late touches no state (issue 8)
+                open_partials.append(chunk)
         yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [_partition_id()], "count": [processed], "watermark_ms": [watermark_ms]})
-        if not origins:
+        if not open_partials:
             return
-
-        # One state read and one write per origin touched in this batch.
-        all_origins = np.concatenate(origins)
-        all_starts, all_counts = np.concatenate(starts), np.concatenate(counts)
-        all_sums, all_maxes = np.concatenate(sums), np.concatenate(maxes)
-        order = np.argsort(all_origins, kind="stable")
-        sorted_origins = all_origins[order]
-        boundary = np.flatnonzero(sorted_origins[1:] != sorted_origins[:-1]) + 1
-        for group in np.split(order, boundary):
-            origin = all_origins[group[0]]
-            new = (all_starts[group], all_counts[group], all_sums[group], all_maxes[group])
-            existing = self._pending.getValue((origin,))
-            if existing is not None:
-                new = tuple(np.concatenate([old, fresh]) for old, fresh in zip(unpack_pending(existing[0]), new))
-            self._pending.updateValue((origin,), (pack_pending(*merge_partials(*new)),))
+        partials = open_partials[0] if len(open_partials) == 1 else pd.concat(open_partials, ignore_index=True)
+        touched_starts, duplicates = self._fold(partials)
+        if duplicates is not None:
+            yield self._duplicates(partials, duplicates, slot)
 
         registered = set(self._handle.listTimers())  # one state call per slot and batch
-        for end in np.unique(all_starts) + self._window_ms:
+        for end in np.unique(touched_starts) + self._window_ms:
             # fires once the watermark passes end - 1, i.e. reaches end; a timer at or below the
             # current watermark cannot be registered, so the one window ending at watermark + 1
             # gets `end` (it then closes with the next watermark step past its end)
             expiry = int(end) - 1 if int(end) - 1 > watermark_ms else int(end)
             if expiry not in registered:
                 self._handle.registerTimer(expiry)
+
+    def _fold(self, partials: pd.DataFrame) -> tuple[np.ndarray, np.ndarray | None]:
+        """Merge open-window partials into the MapState, dropping duplicated event ids.
+
+        Args:
+            partials: `PARTIAL_SCHEMA` rows of open windows (no dead letter, none late), any order.
+
+        Returns:
+            (window starts that received events, int64 ms; per-event indices of duplicates into
+            the flattened events of `partials` in their `_flat_order`, or None when there are none).
+        """
+        order = self._flat_order(partials)
+        origins = partials["origin"].to_numpy(object)[order]
+        counts = partials["count"].to_numpy(np.int64)[order]
+        starts = partials["window_start_ms"].to_numpy(np.int64)[order]
+        sums = partials["sum_delay_min"].to_numpy(np.int64)[order]
+        maxes = partials["max_delay_min"].to_numpy(np.int64)[order]
+        events = _flat(partials, order, "event_ids")
+        event_starts = np.repeat(starts, counts)
+        boundary = np.flatnonzero(origins[1:] != origins[:-1]) + 1
+        group_starts = np.concatenate(([0], boundary))
+        group_ends = np.concatenate((boundary, [len(order)]))
+        event_bounds = np.concatenate(([0], np.cumsum(counts)))
+
+        # the same id twice in this batch for one origin: keep the lowest (partition, offset)
+        code = np.repeat(np.searchsorted(group_starts, np.arange(len(order)), side="right") - 1, counts)
+        partitions = np.repeat(partials["kafka_partition"].to_numpy(np.int64)[order], counts)
+        offsets = _flat(partials, order, "kafka_offsets")
+        by_copy = np.lexsort((offsets, partitions, events, code))
+        repeated = np.zeros(len(events), dtype=bool)
+        same = (np.diff(code[by_copy]) == 0) & (np.diff(events[by_copy]) == 0)
+        repeated[by_copy[1:][same]] = True
+
+        touched, duplicate_indices = [], []
+        delays_of_events = None  # flattened only when some origin has a duplicate
+        for lo, hi in zip(group_starts, group_ends):
+            origin = origins[lo]
+            e_lo, e_hi = event_bounds[lo], event_bounds[hi]
+            ids = events[e_lo:e_hi]
+            existing = self._pending.getValue((origin,))
+            old = unpack_pending(existing[0]) if existing is not None else None
+            old_ids = np.frombuffer(existing[1], dtype=np.int64) if existing is not None else np.empty(0, np.int64)
+            duplicate = repeated[e_lo:e_hi] | np.isin(ids, old_ids)
+            if duplicate.any():
+                keep = ~duplicate
+                duplicate_indices.append(e_lo + np.flatnonzero(duplicate))
+                if delays_of_events is None:
+                    delays_of_events = _flat(partials, order, "delays_min")
+                delays = delays_of_events[e_lo:e_hi][keep]
+                new = merge_partials(event_starts[e_lo:e_hi][keep], np.ones(int(keep.sum()), np.int64), delays, delays)
+                ids, id_starts = ids[keep], event_starts[e_lo:e_hi][keep]
+            else:
+                new = (starts[lo:hi], counts[lo:hi], sums[lo:hi], maxes[lo:hi])
+                id_starts = event_starts[e_lo:e_hi]
+            if not len(ids):
+                continue  # every event of this origin was a duplicate: its state stays as it was
+            touched.append(new[0])
+            if old is not None:
+                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new))
+                ids = np.concatenate([old_ids, ids])
+                id_starts = np.concatenate([np.repeat(old[0], old[1]), id_starts])
+            by_window = np.argsort(id_starts, kind="stable")  # ids window by window, as merge_partials sorts windows
+            self._pending.updateValue((origin,), (pack_pending(*merge_partials(*new)), ids[by_window].tobytes()))
+        touched_starts = np.concatenate(touched) if touched else np.empty(0, np.int64)
+        return touched_starts, (np.concatenate(duplicate_indices) if duplicate_indices else None)
+
+    @staticmethod
+    def _flat_order(partials: pd.DataFrame) -> np.ndarray:
+        """The order `_fold` visits partials in: by origin, stable (so each origin's events are
+        contiguous once flattened)."""
+        return np.argsort(partials["origin"].to_numpy(object), kind="stable")
+
+    def _duplicates(self, partials: pd.DataFrame, indices: np.ndarray, slot: int) -> pd.DataFrame:
+        """Dead-letter rows for the events at `indices` of the flattened `partials` (see `_fold`)."""
+        order = self._flat_order(partials)
+        counts = partials["count"].to_numpy(np.int64)[order]
+        n = len(indices)
+        return _frame(
+            KIND_DEAD_LETTER,
+            n,
+            {
+                "slot": [slot] * n,
+                "dead_letter_reason": [DUPLICATE_EVENT_ID] * n,
+                "origin": np.repeat(partials["origin"].to_numpy(object)[order], counts)[indices],
+                "event_id": _flat(partials, order, "event_ids")[indices],
+                "destination": _flat(partials, order, "destinations", object)[indices],
+                "delay_min": _flat(partials, order, "delays_min")[indices],
+                "distance_mi": _flat(partials, order, "distances_mi")[indices],
+                "event_time_ms": _flat(partials, order, "event_times_ms")[indices],
+                "kafka_partition": np.repeat(partials["kafka_partition"].to_numpy(np.int64)[order], counts)[indices],
+                "kafka_offset": _flat(partials, order, "kafka_offsets")[indices],
+            },
+        )
 
     def _dead_letters(self, dead: pd.DataFrame, slot: int) -> pd.DataFrame:
         return _frame(
@@ -225,6 +340,8 @@ class FlightDelayProcessor(StatefulProcessor):
                 "slot": [slot] * len(dead),
                 "dead_letter_reason": dead["dead_letter_reason"].tolist(),
                 "raw_value": dead["raw_value"].tolist(),
+                "raw_encoding": dead["raw_encoding"].tolist(),
+                "raw_key_base64": dead["raw_key_base64"].tolist(),
                 "kafka_partition": dead["kafka_partition"].tolist(),
                 "kafka_offset": [int(offsets[0]) for offsets in dead["kafka_offsets"]],
             },
@@ -266,7 +383,7 @@ class FlightDelayProcessor(StatefulProcessor):
         slot = self._slot_of_token.get(token, -1)
         partition_id = _partition_id()
         origins, starts_out, counts_out, sums_out, maxes_out = [], [], [], [], []
-        for (origin,), (blob,) in list(self._pending.iterator()):
+        for (origin,), (blob, id_blob) in list(self._pending.iterator()):
             starts, counts, sums, maxes = unpack_pending(blob)
             closed = starts + self._window_ms <= watermark_ms
             if not closed.any():
@@ -280,7 +397,8 @@ class FlightDelayProcessor(StatefulProcessor):
                 self._pending.removeKey((origin,))
             else:
                 keep = ~closed
-                self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]),))
+                ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
+                self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]), ids.tobytes()))
         if not origins:
             return
         starts = np.concatenate(starts_out)

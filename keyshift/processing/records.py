@@ -5,10 +5,32 @@ A record is one flight as JSON, Kafka key = origin (UTF-8):
 "event_time": 978307260000}` with `event_time` in epoch milliseconds UTC.
 
 Validation rejects malformed records, never unusual values: negative delays are early departures
-and extreme delays are real. A record is malformed when it is empty, is not a JSON object, lacks
-a field or has one of the wrong type, has an empty airport code, a negative id, distance or event
-time, or a Kafka key that differs from its origin (placement relies on the key). Each rejected
-record gets one reason, the first rule it breaks, and goes to the dead-letter topic.
+and extreme delays are real. Each rejected record gets one reason, the first rule it breaks, in
+this order (`REASONS` lists them):
+
+1. `empty value`: no value (a tombstone), zero bytes, or only JSON whitespace;
+2. `invalid UTF-8`: the bytes are not UTF-8 (checked in Spark, before any string can reach
+   Arrow or pandas: the value of such a record never becomes a string column);
+3. `malformed JSON`: not strict JSON (RFC 8259, as Spark's `try_parse_json` reads it): garbage,
+   a truncated object, NaN or Infinity, a duplicated field name, a lone UTF-16 surrogate escape;
+   also an object followed by more text that does not end in `}` (Spark's parsers stop after the
+   first value and ignore the rest, so only this textual check sees it; `{...} x}` or two
+   objects in one value pass it and are read as the first object);
+4. `not a JSON object`: valid JSON of another kind (an array, a number, a string, null, a bool);
+5. per field F of `FLIGHT_FIELDS`, in order: `missing F`, `null F`, `wrong type for F` (a string
+   where an integer belongs, an object or a number where a string belongs, 1.5, an integer
+   outside the 64-bit range);
+6. `empty origin|destination`, `origin|destination over 1024 bytes` (`MAX_CODE_BYTES`),
+   `negative event_id|distance_mi|event_time`;
+7. `key does not match origin`: the Kafka key's bytes differ from the origin's UTF-8 bytes
+   (placement relies on the key).
+
+Event-time plausibility (`keyshift.eventtime.plausibility`) and duplicated event ids
+(`keyshift.processing.processor`) add their own reasons later in the pipeline.
+
+A dead letter keeps its raw bytes: `raw_value` holds the value as text when it is valid UTF-8
+(`raw_encoding` = `utf-8`), else its base64 (`raw_encoding` = `base64`); a tombstone has neither
+(`raw_encoding` NULL). `raw_key_base64` is the Kafka key's base64 (NULL without a key).
 """
 
 from __future__ import annotations
@@ -31,11 +53,51 @@ FLIGHT_FIELDS: tuple[tuple[str, T.DataType], ...] = (
 )
 """Required fields of a flight record and their Spark types (all integers are JSON integers)."""
 
+JSON_WHITESPACE = " \t\r\n"
+"""The characters JSON allows around a value (RFC 8259 §2)."""
+
+_VARIANT_TYPE = {"bigint": "BIGINT", "string": "STRING"}
+
+EXPECTED_VARIANT_SCHEMA = "OBJECT<" + ", ".join(
+    f"{name}: {_VARIANT_TYPE[dtype.simpleString()]}" for name, dtype in sorted(FLIGHT_FIELDS)
+) + ">"
+"""What Spark's `schema_of_variant` says of a well-formed flight with no extra field (fields
+sorted by name). Only a shortcut: a record whose schema string differs is checked field by field,
+so the result never depends on this string, only the speed does."""
+
+MAX_CODE_BYTES = 1024
+"""An airport code (origin = the key, destination) longer than this many UTF-8 bytes is rejected:
+keys live in state and in every output row, and real codes have 3 letters."""
+
 FLIGHT_VALUE_SCHEMA = T.StructType(
     [T.StructField(name, dtype, True) for name, dtype in FLIGHT_FIELDS]
     + [T.StructField(CORRUPT_COLUMN, T.StringType(), True)]
 )
 """Schema `from_json` parses a value with; the corrupt-record column catches type errors."""
+
+EMPTY_VALUE = "empty value"
+INVALID_UTF8 = "invalid UTF-8"
+MALFORMED_JSON = "malformed JSON"
+NOT_AN_OBJECT = "not a JSON object"
+KEY_MISMATCH = "key does not match origin"
+
+REASONS: tuple[str, ...] = (
+    EMPTY_VALUE,
+    INVALID_UTF8,
+    MALFORMED_JSON,
+    NOT_AN_OBJECT,
+    *(f"{what} {name}" for name, _ in FLIGHT_FIELDS for what in ("missing", "null")),
+    *(f"wrong type for {name}" for name, _ in FLIGHT_FIELDS),
+    "empty origin",
+    "empty destination",
+    f"origin over {MAX_CODE_BYTES} bytes",
+    f"destination over {MAX_CODE_BYTES} bytes",
+    "negative event_id",
+    "negative distance_mi",
+    "negative event_time",
+    KEY_MISMATCH,
+)
+"""Every reason validation can give (the README lists them too)."""
 
 END_OF_INPUT_PREFIX = '{"control": "end_of_input"'
 """Values starting with this are end-of-input markers, not events: `{"control": "end_of_input",
@@ -48,6 +110,24 @@ def end_of_input_marker(run_id: str, event_time_ms: int) -> bytes:
     """The value of an end-of-input marker for `run_id` (see `END_OF_INPUT_PREFIX`)."""
     return (END_OF_INPUT_PREFIX + f', "run_id": {json.dumps(run_id)}, "event_time": {int(event_time_ms)}}}').encode()
 
+
+VALIDATED_COLUMNS = (
+    "origin",
+    "destination",
+    "delay_min",
+    "distance_mi",
+    "event_time_ms",
+    "event_id",
+    "dead_letter_reason",
+    "kafka_partition",
+    "kafka_offset",
+    "is_control",
+    "control_run_id",
+    "raw_value_bytes",
+    "raw_key_bytes",
+)
+"""Columns of `validate_flight_records`' result, in order."""
+
 PARSED_COLUMNS = (
     "origin",
     "destination",
@@ -57,79 +137,155 @@ PARSED_COLUMNS = (
     "event_id",
     "dead_letter_reason",
     "raw_value",
+    "raw_encoding",
+    "raw_key_base64",
     "kafka_partition",
     "kafka_offset",
     "is_control",
     "control_run_id",
 )
-"""Columns of `parse_flight_records`' result, in order."""
+"""Columns of `parse_flight_records`' (and `with_dead_letter_payload`'s) result, in order."""
 
 
-def _reason(value: Column, key: Column, parsed: Column) -> Column:
-    """The first validation rule a record breaks, or NULL when it is valid."""
-    corrupt = parsed[CORRUPT_COLUMN]
-    field_names = [name for name, _ in FLIGHT_FIELDS]
-    all_null = F.lit(True)
-    for name in field_names:
-        all_null = all_null & parsed[name].isNull()
-    reason = F.when(value.isNull() | (F.trim(value) == ""), F.lit("empty value")).when(
-        all_null, F.lit("not a JSON object with flight fields")
+def _field_reason(variant: Column, name: str, dtype: T.DataType) -> Column:
+    """`missing F`, `null F` or `wrong type for F` for field `name` of a JSON object, else NULL."""
+    field = F.try_variant_get(variant, f"$.{name}", "variant")
+    return (
+        F.when(field.isNull(), F.lit(f"missing {name}"))
+        .when(F.is_variant_null(field), F.lit(f"null {name}"))
+        .when(F.schema_of_variant(field) != F.lit(_VARIANT_TYPE[dtype.simpleString()]), F.lit(f"wrong type for {name}"))
     )
-    for name in field_names:
-        present = F.get_json_object(value, f"$.{name}").isNotNull()
-        reason = reason.when(
-            parsed[name].isNull() & present, F.lit(f"wrong type for {name}")
-        ).when(parsed[name].isNull(), F.lit(f"missing {name}"))
-    reason = (
-        reason.when(F.trim(parsed["origin"]) == "", F.lit("empty origin"))
-        .when(F.trim(parsed["destination"]) == "", F.lit("empty destination"))
-        .when(parsed["event_id"] < 0, F.lit("negative event_id"))
-        .when(parsed["distance_mi"] < 0, F.lit("negative distance_mi"))
-        .when(parsed["event_time"] < 0, F.lit("negative event_time"))
-        .when(key.isNull() | (key != parsed["origin"]), F.lit("key does not match origin"))
+
+
+def _value_reason(key: Column, parsed: Column) -> Column:
+    """The value rules (6, 7 of the module docstring) of a record whose fields are well typed."""
+    reason = F.when(F.lit(False), F.lit(None).cast("string"))
+    for name in ("origin", "destination"):
+        reason = reason.when(F.trim(parsed[name]) == "", F.lit(f"empty {name}")).when(
+            F.octet_length(parsed[name]) > MAX_CODE_BYTES, F.lit(f"{name} over {MAX_CODE_BYTES} bytes")
+        )
+    for name in ("event_id", "distance_mi", "event_time"):
+        reason = reason.when(parsed[name] < 0, F.lit(f"negative {name}"))
+    matches = key.isNotNull() & (key == F.encode(parsed["origin"], "UTF-8"))
+    reason = reason.when(~matches, F.lit(KEY_MISMATCH))
+    # from_json agrees with the strict parse on every record that got this far; kept as a guard
+    return reason.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit(MALFORMED_JSON))
+
+
+def _reason(value: Column, key: Column, text: Column, variant: Column, parsed: Column) -> Column:
+    """The first validation rule a record breaks, or NULL when it is valid (see module docstring).
+
+    Spark evaluates a CASE branch only when it is reached, so the per-field checks run only for
+    records whose variant schema is not `EXPECTED_VARIANT_SCHEMA`.
+    """
+    schema = F.schema_of_variant(variant)
+    per_field = F.coalesce(*[_field_reason(variant, name, dtype) for name, dtype in FLIGHT_FIELDS], _value_reason(key, parsed))
+    return (
+        F.when(value.isNull() | (F.octet_length(value) == 0), F.lit(EMPTY_VALUE))
+        .when(~F.is_valid_utf8(value.cast("string")), F.lit(INVALID_UTF8))
+        .when(F.btrim(text, F.lit(JSON_WHITESPACE)) == "", F.lit(EMPTY_VALUE))
+        .when(variant.isNull(), F.lit(MALFORMED_JSON))
+        .when(~schema.startswith("OBJECT<"), F.lit(NOT_AN_OBJECT))
+        .when(~F.rtrim(text, F.lit(JSON_WHITESPACE)).endswith("}"), F.lit(MALFORMED_JSON))
+        .when(schema == F.lit(EXPECTED_VARIANT_SCHEMA), _value_reason(key, parsed))
+        .otherwise(per_field)
     )
-    # A value with every field right but extra garbage is still flagged by from_json.
-    return reason.when(corrupt.isNotNull(), F.lit("malformed JSON"))
 
 
-def parse_flight_records(kafka_rows: DataFrame) -> DataFrame:
-    """Parse and validate raw Kafka rows into flight columns plus a dead-letter reason.
+def validate_flight_records(kafka_rows: DataFrame) -> DataFrame:
+    """Parse and validate raw Kafka rows; keep the raw bytes for a later dead-letter payload.
 
     Args:
         kafka_rows: a DataFrame with the Kafka source's columns `key`, `value` (binary),
             `partition` (int) and `offset` (long); batch or streaming.
 
     Returns:
-        A DataFrame with `PARSED_COLUMNS`: flight fields (`event_time_ms` long, epoch ms UTC),
-        `dead_letter_reason` (NULL when valid), `raw_value` (the value as text, kept only for
-        rejected records, NULL otherwise), `kafka_partition` (int), `kafka_offset` (long) and
+        A DataFrame with `VALIDATED_COLUMNS`: flight fields (`event_time_ms` long, epoch ms UTC;
+        all NULL for a rejected record, so no string of a bad record goes further),
+        `dead_letter_reason` (NULL when valid), `kafka_partition` (int), `kafka_offset` (long),
         `is_control` (true for an end-of-input marker, whose `event_time_ms` is set and whose
-        reason is meaningless) with `control_run_id` (the marker's run, NULL for events).
-        Every input row yields exactly one output row.
+        reason is meaningless) with `control_run_id` (the marker's run, NULL for events), and
+        the raw `raw_value_bytes`, `raw_key_bytes` (binary). Every input row yields one row.
+        Call `with_dead_letter_payload` on it (after any further rule that adds a reason).
     """
-    value = F.col("value").cast("string")
-    key = F.col("key").cast("string")
-    parsed = F.from_json(value, FLIGHT_VALUE_SCHEMA, {"columnNameOfCorruptRecord": CORRUPT_COLUMN})
+    value = F.col("value")
+    utf8 = F.is_valid_utf8(value.cast("string"))
+    text = F.when(utf8, value.cast("string"))  # a string column only when the bytes are UTF-8
     staged = kafka_rows.select(
         value.alias("_value"),
-        key.alias("_key"),
-        parsed.alias("_parsed"),
+        F.col("key").alias("_key"),
+        text.alias("_text"),
         F.col("partition").cast("int").alias("kafka_partition"),
         F.col("offset").cast("long").alias("kafka_offset"),
+    ).select(
+        "*",
+        F.from_json(F.col("_text"), FLIGHT_VALUE_SCHEMA, {"columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias("_parsed"),
+        F.try_parse_json(F.col("_text")).alias("_variant"),
     )
-    reason = _reason(F.col("_value"), F.col("_key"), F.col("_parsed"))
-    is_control = F.coalesce(F.col("_value").startswith(END_OF_INPUT_PREFIX), F.lit(False))
+    reason = _reason(F.col("_value"), F.col("_key"), F.col("_text"), F.col("_variant"), F.col("_parsed"))
+    is_control = F.coalesce(F.col("_text").startswith(END_OF_INPUT_PREFIX), F.lit(False))
+    staged = staged.select("*", reason.alias("dead_letter_reason"), is_control.alias("is_control"))
+    valid = F.col("dead_letter_reason").isNull() | F.col("is_control")
+
+    def field(name: str) -> Column:
+        return F.when(valid, F.col(f"_parsed.{name}"))
+
     return staged.select(
-        F.col("_parsed.origin").alias("origin"),
-        F.col("_parsed.destination").alias("destination"),
-        F.col("_parsed.delay_min").alias("delay_min"),
-        F.col("_parsed.distance_mi").alias("distance_mi"),
-        F.col("_parsed.event_time").alias("event_time_ms"),
-        F.col("_parsed.event_id").alias("event_id"),
-        reason.alias("dead_letter_reason"),
-        F.when(reason.isNotNull(), F.col("_value")).alias("raw_value"),
+        field("origin").alias("origin"),
+        field("destination").alias("destination"),
+        field("delay_min").alias("delay_min"),
+        field("distance_mi").alias("distance_mi"),
+        field("event_time").alias("event_time_ms"),
+        field("event_id").alias("event_id"),
+        F.when(~F.col("is_control"), F.col("dead_letter_reason")).alias("dead_letter_reason"),
         "kafka_partition",
         "kafka_offset",
-        is_control.alias("is_control"),
-        F.when(is_control, F.get_json_object(F.col("_value"), "$.run_id")).alias("control_run_id"),
+        "is_control",
+        F.when(F.col("is_control"), F.get_json_object(F.col("_text"), "$.run_id")).alias("control_run_id"),
+        F.col("_value").alias("raw_value_bytes"),
+        F.col("_key").alias("raw_key_bytes"),
     )
+
+
+def _base64(binary: Column) -> Column:
+    """Standard base64 on one line: Spark's `base64` may wrap lines (MIME chunking) by config."""
+    return F.translate(F.base64(binary), "\r\n", "")
+
+
+def with_dead_letter_payload(validated: DataFrame) -> DataFrame:
+    """Replace the raw bytes by a dead letter's payload: text when UTF-8, base64 otherwise.
+
+    Args:
+        validated: `validate_flight_records` output, possibly with more reasons set since.
+
+    Returns:
+        `PARSED_COLUMNS`: the flight fields (NULL for any rejected record), `raw_value` (the value
+        as text when it is valid UTF-8, else its base64; NULL for a valid record or a tombstone),
+        `raw_encoding` (`utf-8`, `base64`, or NULL with `raw_value`), `raw_key_base64` (base64 of
+        the Kafka key of a rejected record, NULL otherwise or without a key), and the rest of
+        `VALIDATED_COLUMNS` without the raw bytes.
+    """
+    rejected = F.col("dead_letter_reason").isNotNull()
+    raw = F.col("raw_value_bytes")
+    utf8 = F.is_valid_utf8(raw.cast("string"))
+    keep = {name: F.when(~rejected, F.col(name)) for name in ("origin", "destination", "delay_min", "distance_mi", "event_time_ms", "event_id")}
+    return validated.select(
+        *[keep[name].alias(name) for name in keep],
+        "dead_letter_reason",
+        F.when(rejected & utf8, raw.cast("string")).when(rejected, _base64(raw)).alias("raw_value"),
+        F.when(rejected & utf8, F.lit("utf-8")).when(rejected & raw.isNotNull(), F.lit("base64")).alias("raw_encoding"),
+        F.when(rejected, _base64(F.col("raw_key_bytes"))).alias("raw_key_base64"),
+        "kafka_partition",
+        "kafka_offset",
+        "is_control",
+        "control_run_id",
+    )
+
+
+def parse_flight_records(kafka_rows: DataFrame) -> DataFrame:
+    """Validate raw Kafka rows and give each rejected one its dead-letter payload.
+
+    `with_dead_letter_payload(validate_flight_records(kafka_rows))`: see both. Every input row
+    yields exactly one row of `PARSED_COLUMNS`.
+    """
+    return with_dead_letter_payload(validate_flight_records(kafka_rows))

@@ -244,11 +244,28 @@ class FlightDelaySink:
         return row.origin.encode(), json.dumps(value).encode()
 
     def _dead_letter_record(self, row) -> tuple[bytes | None, bytes]:
-        value = {
-            "reason": row.dead_letter_reason,
-            "raw_value": row.raw_value,
-            "kafka_partition": int(row.kafka_partition),
-            "kafka_offset": int(row.kafka_offset),
-            "run_id": self.run_id,
-        }
+        """A dead letter's Kafka value: reason, raw bytes, where it was read, and the run.
+
+        `raw_value` is the value as text when it was valid UTF-8 (`raw_encoding` = `utf-8`);
+        otherwise `raw_value_base64` holds its bytes (`raw_encoding` = `base64`); a tombstone has
+        `raw_encoding` null and neither field. `raw_key_base64` is the Kafka key's bytes (null
+        without a key). A record rejected after parsing (a duplicated event id) carries no raw
+        bytes but its `event_id` and `event` fields; its raw bytes are at its Kafka offset.
+        """
+        value = {"reason": row.dead_letter_reason, "raw_encoding": row.raw_encoding}
+        if row.raw_encoding == "base64":
+            value["raw_value_base64"] = row.raw_value
+        elif row.raw_encoding == "utf-8":
+            value["raw_value"] = row.raw_value
+        value["raw_key_base64"] = row.raw_key_base64
+        if row.event_id is not None and not pd.isna(row.event_id):
+            value["event_id"] = int(row.event_id)
+            value["event"] = {
+                "origin": row.origin,
+                "destination": row.destination,
+                "delay_min": int(row.delay_min),
+                "distance_mi": int(row.distance_mi),
+                "event_time": int(row.event_time_ms),
+            }
+        value.update(kafka_partition=int(row.kafka_partition), kafka_offset=int(row.kafka_offset), run_id=self.run_id)
         return None, json.dumps(value).encode()

@@ -8,7 +8,7 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.local_merge import INPUT_COLUMNS, partials_of
-from keyshift.processing.processor import FlightDelayProcessor, merge_partials, pack_pending, unpack_pending
+from keyshift.processing.processor import PENDING_STATE_NAME, FlightDelayProcessor, merge_partials, pack_pending, unpack_pending
 
 T0 = 978_307_200_000  # 2001-01-01T00:00:00Z
 TOKENS = slot_tokens(8)
@@ -16,17 +16,22 @@ SLOT = 3
 TOKEN = TOKENS[SLOT]
 
 
-def rows(*events, dead=()):
+def rows(*events, dead=(), ids=None, offsets=None, partition=SLOT):
     """Processor input made by Local Merge from events (origin, event_time_ms, delay_min) and dead
-    letters (reason, raw), all read from Kafka partition SLOT."""
+    letters (reason, raw), all read from Kafka partition `partition`. Event i has id `ids[i]` and
+    offset `offsets[i]` (default: i for both)."""
+    ids = list(range(len(events))) if ids is None else ids
+    offsets = list(range(len(events))) if offsets is None else offsets
     records = [
-        {"origin": o, "destination": "XXX", "delay_min": d, "distance_mi": 100, "event_time_ms": t,
-         "event_id": i, "dead_letter_reason": None, "raw_value": None, "kafka_partition": SLOT, "kafka_offset": i}
-        for i, (o, t, d) in enumerate(events)
+        {"origin": o, "destination": f"D{j}", "delay_min": d, "distance_mi": 100 + j, "event_time_ms": t,
+         "event_id": ids[j], "dead_letter_reason": None, "raw_value": None, "raw_encoding": None, "raw_key_base64": None,
+         "kafka_partition": partition, "kafka_offset": offsets[j]}
+        for j, (o, t, d) in enumerate(events)
     ]
     records += [
         {"origin": None, "destination": None, "delay_min": None, "distance_mi": None, "event_time_ms": None,
-         "event_id": None, "dead_letter_reason": reason, "raw_value": raw, "kafka_partition": SLOT, "kafka_offset": 1000 + i}
+         "event_id": None, "dead_letter_reason": reason, "raw_value": raw, "raw_encoding": None if raw is None else "utf-8",
+         "raw_key_base64": "T1JE", "kafka_partition": partition, "kafka_offset": 1000 + i}
         for i, (reason, raw) in enumerate(dead)
     ]
     partials = partials_of(pd.DataFrame(records, columns=list(INPUT_COLUMNS)), lambda origin: TOKEN, np.array(TOKENS), HOUR_MS)
@@ -66,7 +71,7 @@ def test_windows_close_only_when_the_watermark_reaches_their_end(tester):
 
 def test_batches_merge_into_the_same_pending_window(tester):
     tester.testInPandas(TOKEN, rows(("ORD", T0 + 10, 5), ("ORD", T0 + 20, 7)))
-    tester.testInPandas(TOKEN, rows(("ORD", T0 + 30, 100)))
+    tester.testInPandas(TOKEN, rows(("ORD", T0 + 30, 100), ids=[2]))  # a new event, not a copy of event 0
     closed = kind(tester.setWatermark(T0 + HOUR_MS), "window")
     assert closed[["count", "sum_delay_min", "max_delay_min"]].values.tolist() == [[3, 112, 100]]
 
@@ -91,7 +96,7 @@ def test_events_of_closed_windows_are_late_and_kept(tester):
     out = tester.testInPandas(TOKEN, rows(("ORD", T0 + 5, 99), ("ORD", T0 + HOUR_MS, 4)))
     late = kind(out, "late")
     assert late[["origin", "event_time_ms", "delay_min", "window_end_ms", "watermark_ms", "event_id", "destination", "kafka_offset"]].values.tolist() == [
-        ["ORD", T0 + 5, 99, T0 + HOUR_MS, T0 + HOUR_MS, 0, "XXX", 0]
+        ["ORD", T0 + 5, 99, T0 + HOUR_MS, T0 + HOUR_MS, 0, "D0", 0]
     ]
     assert kind(out, "load")["count"].tolist() == [2]  # the late event was processed, not dropped
     assert kind(tester.setWatermark(T0 + 2 * HOUR_MS), "window")["count"].tolist() == [1]
@@ -100,7 +105,9 @@ def test_events_of_closed_windows_are_late_and_kept(tester):
 def test_dead_letters_pass_through_with_reason(tester):
     out = tester.testInPandas(TOKEN, rows(("ORD", T0, 1), dead=[("missing origin", '{"event_id": 1}')]))
     dead = kind(out, "dead_letter")
-    assert dead[["dead_letter_reason", "raw_value", "kafka_partition"]].values.tolist() == [["missing origin", '{"event_id": 1}', SLOT]]
+    assert dead[["dead_letter_reason", "raw_value", "raw_encoding", "raw_key_base64", "kafka_partition"]].values.tolist() == [
+        ["missing origin", '{"event_id": 1}', "utf-8", "T1JE", SLOT]
+    ]
     assert kind(out, "load")["count"].tolist() == [2]
 
 
@@ -112,6 +119,70 @@ def test_merge_partials():
     assert counts.tolist() == [2, 4]
     assert sums.tolist() == [20, 40]
     assert maxes.tolist() == [-1, 9]
+
+
+def test_a_batch_whose_every_event_is_late_touches_no_state(tester):
+    """Issue 8, point 2: once the watermark had jumped ahead, a batch of nothing but late events
+    crashed with IndexError (an empty group of origins); they are late and nothing else happens."""
+    tester.testInPandas(TOKEN, rows(("ORD", T0 + 1, 1)))
+    tester.setWatermark(T0 + 100 * HOUR_MS)
+    out = tester.testInPandas(TOKEN, rows(("ORD", T0 + 2, 5), ("LGA", T0 + 3, 6), dead=[("empty value", None)]))
+    assert sorted(kind(out, "late")["origin"]) == ["LGA", "ORD"]
+    assert kind(out, "load")["count"].tolist() == [3]
+    assert kind(out, "dead_letter")["dead_letter_reason"].tolist() == ["empty value"]
+
+
+def pending_ids(tester, origin):
+    """The event ids the state keeps for `origin` (the dedup horizon), window by window."""
+    state = tester.peekMapState(PENDING_STATE_NAME, TOKEN)
+    return np.frombuffer(state[(origin,)][1], dtype=np.int64).tolist() if (origin,) in state else []
+
+
+def test_a_duplicate_of_an_earlier_batch_is_counted_once_and_reported(tester):
+    tester.testInPandas(TOKEN, rows(("ORD", T0 + 1, 10), ("ORD", T0 + 2, 20), ids=[100, 101]))
+    # event 100 again (another delay, even another hour), with a new one; LGA's 100 is another event
+    out = tester.testInPandas(TOKEN, rows(("ORD", T0 + HOUR_MS + 5, 999), ("ORD", T0 + 3, 30), ("LGA", T0 + 4, 40), ids=[100, 102, 100], offsets=[50, 51, 52]))
+    dead = kind(out, "dead_letter")
+    assert dead[["dead_letter_reason", "origin", "event_id", "delay_min", "event_time_ms", "destination", "distance_mi", "kafka_partition", "kafka_offset"]].values.tolist() == [
+        ["duplicate event_id", "ORD", 100, 999, T0 + HOUR_MS + 5, "D0", 100, SLOT, 50]
+    ]
+    assert kind(out, "load")["count"].tolist() == [3]  # processed: 2 into windows + 1 dead letter
+    closed = kind(tester.setWatermark(T0 + 2 * HOUR_MS), "window").sort_values(["origin", "window_start_ms"])
+    assert closed[["origin", "window_start_ms", "count", "sum_delay_min", "max_delay_min"]].values.tolist() == [
+        ["LGA", T0, 1, 40, 40],
+        ["ORD", T0, 3, 60, 30],  # 10 + 20 + 30: the copy of event 100 (delay 999) is not in any window
+    ]
+
+
+def test_copies_within_one_batch_keep_the_lowest_kafka_position(tester):
+    # the three copies of event 5 arrive in two chunks in an order the shuffle may choose
+    first = rows(("ORD", T0 + 1, 1), ("ORD", T0 + 2, 2), ids=[5, 5], offsets=[70, 40], partition=6)
+    second = rows(("ORD", T0 + 3, 3), ("ORD", T0 + 4, 4), ids=[5, 6], offsets=[90, 91], partition=2)
+    out = tester.testInPandas(TOKEN, pd.concat([first, second], ignore_index=True))
+    dead = kind(out, "dead_letter")
+    assert sorted(dead[["kafka_partition", "kafka_offset"]].values.tolist()) == [[6, 40], [6, 70]]  # (2, 90) kept
+    assert set(dead["dead_letter_reason"]) == {"duplicate event_id"}
+    closed = kind(tester.setWatermark(T0 + HOUR_MS), "window")
+    assert closed[["count", "sum_delay_min", "max_delay_min"]].values.tolist() == [[2, 7, 4]]  # delays 3 and 4
+
+
+def test_only_duplicates_leave_the_state_as_it_was(tester):
+    tester.testInPandas(TOKEN, rows(("ORD", T0 + 1, 10), ids=[1]))
+    out = tester.testInPandas(TOKEN, rows(("ORD", T0 + 1, 10), ("ORD", T0 + 1, 10), ids=[1, 1], offsets=[8, 9]))
+    assert len(kind(out, "dead_letter")) == 2
+    assert kind(tester.setWatermark(T0 + HOUR_MS), "window")["count"].tolist() == [1]
+
+
+def test_the_dedup_horizon_ends_when_the_window_closes(tester):
+    """A copy of an event whose window has closed is late, not a duplicate (and not counted)."""
+    tester.testInPandas(TOKEN, rows(("ORD", T0 + HOUR_MS + 1, 20), ("ORD", T0 + 1, 10), ids=[2, 1]))
+    assert pending_ids(tester, "ORD") == [1, 2]  # window by window
+    tester.setWatermark(T0 + HOUR_MS)  # closes hour 0: event 1 leaves the horizon, event 2 stays
+    assert pending_ids(tester, "ORD") == [2]
+    out = tester.testInPandas(TOKEN, rows(("ORD", T0 + 1, 10), ("ORD", T0 + HOUR_MS + 1, 20), ids=[1, 2], offsets=[5, 6]))
+    assert kind(out, "late")["event_id"].tolist() == [1]
+    assert kind(out, "dead_letter")["event_id"].tolist() == [2]
+    assert kind(tester.setWatermark(T0 + 2 * HOUR_MS), "window")["count"].tolist() == [1]
 
 
 def test_pending_windows_pack_round_trip():
