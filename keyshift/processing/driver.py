@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC, redis_run_key
+from keyshift.kafka_clients import client_options, spark_options
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
@@ -133,7 +134,7 @@ def _kafka_offsets(settings: Settings, topic: str) -> tuple[dict[int, int], dict
     """(beginning, end) offsets per partition of `topic`."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, client_id="keyshift-offsets")
+    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, client_id="keyshift-offsets", **client_options(settings))
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
@@ -182,7 +183,7 @@ def _wait_for_records(
 
 def _send_end_of_input(settings: Settings, topic: str, run_id: str) -> dict[int, int]:
     """Write one end-of-input marker of `run_id` to every partition; return the end offsets after."""
-    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", client_id=f"keyshift-eoi-{run_id}")
+    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", client_id=f"keyshift-eoi-{run_id}", **client_options(settings))
     try:
         for partition in sorted(producer.partitions_for(topic)):
             producer.send(topic, value=end_of_input_marker(run_id, END_OF_INPUT_EVENT_TIME_MS), partition=partition)
@@ -277,6 +278,7 @@ def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**spark_options(settings))
         .option("subscribe", topic)
         .option("startingOffsets", starting)
         .option("failOnDataLoss", "false")
@@ -363,7 +365,7 @@ def run_flight_delays(
             spark.conf.set("spark.sql.shuffle.partitions", str(config.partitions))
         sampler = PeakMemorySampler(driver_jvm_pid(spark))
         sampler.start()
-        side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id)
+        side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id, client_options(settings))
         sink = FlightDelaySink(run_dir, config.run_id, config.epoch, config.partitions, side_outputs)
         stream = flight_delay_stream(read_kafka(spark, settings, config.topic, start, config.max_offsets_per_trigger), config)
         started = time.monotonic()

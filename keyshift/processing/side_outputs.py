@@ -27,7 +27,9 @@ import logging
 from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from keyshift.names import SINK_COMMITS_TOPIC
 
@@ -45,8 +47,17 @@ def sink_group_id(run_id: str) -> str:
     return f"keyshift-sink-{run_id}"
 
 
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaError) and exc.retriable
+
+
+@retry(retry=retry_if_exception(_retriable), stop=stop_after_delay(60), wait=wait_exponential(0.2, max=5), reraise=True)
 def last_committed_batch(bootstrap_servers: str, run_id: str, client_options: dict | None = None) -> int:
     """The id of the last micro-batch whose side outputs were committed for `run_id`, or -1.
+
+    Retriable broker errors are retried for up to 60 s: on a new broker the group coordinator
+    (`__consumer_offsets`) is created by the first lookup, which answers
+    `CoordinatorNotAvailableError` until it is ready.
 
     Args:
         bootstrap_servers: `host:port` of the broker.
@@ -54,7 +65,7 @@ def last_committed_batch(bootstrap_servers: str, run_id: str, client_options: di
         client_options: extra kafka-python client options (security settings).
 
     Raises:
-        kafka.errors.KafkaError: the broker does not answer.
+        kafka.errors.KafkaError: the broker does not answer, or a retriable error lasted 60 s.
     """
     admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=f"keyshift-sink-check-{run_id}", **(client_options or {}))
     try:
