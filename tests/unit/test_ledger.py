@@ -1,0 +1,97 @@
+"""The run ledger (per-batch counts on disk), the job record and the failpoint switch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from keyshift.processing.driver import committed_batches, load_job_record, save_job_record
+from keyshift.processing.failpoints import FAILPOINT_ENV, armed
+from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.ledger import BatchCounts, RunLedger
+
+
+def _batch(batch_id: int, slots: list[int], windows: int = 0, late: int = 0, dead: dict[str, int] | None = None) -> BatchCounts:
+    dead = dead or {}
+    return BatchCounts(batch_id=batch_id, windows_emitted=windows, sum_window_counts=sum(slots) - late - sum(dead.values()),
+                       late_events=late, dead_letters=sum(dead.values()), per_slot_events=slots, dead_letters_by_reason=dead)
+
+
+def test_totals_sum_every_batch(tmp_path):
+    ledger = RunLedger(tmp_path)
+    ledger.record(_batch(0, [3, 1], windows=2, dead={"malformed JSON": 1}))
+    ledger.record(_batch(1, [0, 5], windows=1, late=2, dead={"malformed JSON": 1, "invalid UTF-8": 1}))
+    totals = ledger.totals(partitions=2)
+    assert totals.batches == 2
+    assert totals.per_slot_events == [3, 6] and totals.processed_events == 9
+    assert totals.late_events == 2 and totals.dead_letters == 3 and totals.windows_emitted == 3
+    assert totals.dead_letters_by_reason == {"malformed JSON": 2, "invalid UTF-8": 1}
+    assert totals.accounted_events == totals.processed_events
+
+
+def test_a_replayed_batch_replaces_its_record_and_is_not_counted_twice(tmp_path):
+    ledger = RunLedger(tmp_path)
+    ledger.record(_batch(0, [2, 2]))
+    ledger.record(_batch(1, [1, 0]))
+    ledger.record(_batch(1, [1, 0]))  # Spark replays batch 1 after a crash
+    assert ledger.totals(partitions=2).per_slot_events == [3, 2]
+    assert [b.batch_id for b in ledger.batches()] == [0, 1]
+    assert not list(ledger.dir.glob("*.tmp"))
+
+
+def test_a_sink_built_on_a_ledger_starts_from_its_totals(tmp_path):
+    from keyshift.processing.sinks import FlightDelaySink
+
+    RunLedger(tmp_path).record(_batch(4, [1, 2, 3]))
+    sink = FlightDelaySink(tmp_path, "r", epoch=0, partitions=3)
+    assert sink.counters.per_slot_events == [1, 2, 3] and sink.last_batch_id == 4
+
+
+def test_job_record_round_trip(tmp_path):
+    config = FlightDelayJobConfig(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
+                                  assignment={"ORD": 1}, split={"ORD": (1, 2)}, limit=17)
+    save_job_record(tmp_path, config, {0: 0, 1: 5, 2: 0, 3: 0}, {"events_produced": "17"})
+    loaded, start, replay = load_job_record(tmp_path)
+    assert loaded == config
+    assert start == {0: 0, 1: 5, 2: 0, 3: 0} and replay == {"events_produced": "17"}
+
+
+def test_resuming_without_a_job_record_names_the_problem(tmp_path):
+    from keyshift.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="no job.json"):
+        load_job_record(tmp_path)
+
+
+def test_committed_batches_reads_spark_checkpoint_files(tmp_path):
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    for batch, offsets in ((0, {"0": 5, "1": 3}), (1, {"0": 9, "1": 4}), (2, {"0": 12, "1": 4})):
+        (tmp_path / "offsets" / str(batch)).write_text("v1\n" + json.dumps({"batchWatermarkMs": 0}) + "\n" + json.dumps({"t": offsets}))
+    for batch in (0, 1):  # batch 2 planned, not committed
+        (tmp_path / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    assert committed_batches(tmp_path, "t") == ([0, 1], {0: 9, 1: 4})
+    assert committed_batches(tmp_path / "none", "t") == ([], {})
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),  # unset: nothing armed
+        ("sink.after_outputs@5", ("sink.after_outputs", 5)),
+        ("sink.before_batch@0", ("sink.before_batch", 0)),
+    ],
+)
+def test_armed_failpoint(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(FAILPOINT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(FAILPOINT_ENV, value)
+    assert armed() == expected
+
+
+def test_a_malformed_failpoint_is_refused(monkeypatch):
+    monkeypatch.setenv(FAILPOINT_ENV, "sink.after_outputs")
+    with pytest.raises(ValueError, match="NAME@BATCH_ID"):
+        armed()
