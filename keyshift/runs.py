@@ -17,10 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from keyshift.errors import StackError
 from keyshift.names import redis_progress_key, redis_replay_key, redis_run_key
 from keyshift.settings import Settings
+
+REDIS_OUTAGE_S = 60.0
+"""Seconds a run record's update waits for Redis to come back (a restart) before it fails."""
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +77,29 @@ class RunRecorder:
         self.redis = redis_client(settings)
 
     def update(self, **fields: Any) -> None:
-        """Set fields of the run record (values stored as strings; None values skipped)."""
+        """Set fields of the run record (values stored as strings; None values skipped).
+
+        Waits up to `REDIS_OUTAGE_S` seconds for Redis to come back (a restart).
+
+        Raises:
+            StackError: Redis stayed unreachable that long.
+        """
         mapping = {k: (json.dumps(v) if isinstance(v, (dict, list)) else str(v)) for k, v in fields.items() if v is not None}
         if mapping:
-            self.redis.hset(redis_run_key(self.run_id), mapping=mapping)
+            self._call(self.redis.hset, redis_run_key(self.run_id), mapping=mapping)
+
+    @staticmethod
+    def _call(function, *args: Any, **kwargs: Any) -> Any:
+        """`function(*args, **kwargs)`, retried while Redis is unreachable, for `REDIS_OUTAGE_S` seconds."""
+        @retry(retry=retry_if_exception_type(redis.ConnectionError), stop=stop_after_delay(REDIS_OUTAGE_S),
+               wait=wait_exponential(0.2, max=2.0), before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
+        def call() -> Any:
+            return function(*args, **kwargs)
+
+        try:
+            return call()
+        except redis.RedisError as exc:
+            raise StackError(f"Redis did not answer for {REDIS_OUTAGE_S:.0f} s ({exc}); run `keyshift stack up`") from exc
 
     def start(self, **fields: Any) -> None:
         """Mark the run `running` with this process's pid and the start time (epoch seconds)."""
@@ -84,11 +107,20 @@ class RunRecorder:
                     summary_path=self.summary_path, **fields)
 
     def progress(self, record: dict[str, Any]) -> None:
-        """Publish one batch's progress record: Redis `latest` and a line of progress.jsonl."""
+        """Publish one batch's progress record: a line of progress.jsonl, then Redis `latest`.
+
+        The file is the durable record; Redis holds the latest one for watchers. While Redis is
+        unreachable (a restart) the record is not published there and the run goes on: the next
+        batch's record replaces it anyway.
+        """
         line = json.dumps(record, sort_keys=True)
-        self.redis.hset(redis_progress_key(self.run_id), mapping={"latest": line, "batch_id": record.get("batch_id", -1)})
         with self.progress_path.open("a") as out:
             out.write(line + "\n")
+        try:
+            self.redis.hset(redis_progress_key(self.run_id), mapping={"latest": line, "batch_id": record.get("batch_id", -1)})
+        except redis.ConnectionError as exc:
+            log.warning("run %s: batch %s's progress not published in Redis (%s); it is in %s",
+                        self.run_id, record.get("batch_id"), exc, self.progress_path)
 
     def finish(self, summary: dict[str, Any], state: str = "succeeded") -> Path:
         """Write summary.json (atomically) and mark the run `state`; returns the summary's path."""
@@ -102,6 +134,14 @@ class RunRecorder:
     def fail(self, error: str) -> None:
         """Mark the run `failed` with the error text."""
         self.update(state="failed", finished_at=time.time(), error=error[:2000])
+
+    def count_resume(self) -> int:
+        """Add one to the run record's `resumes` (a `--resume` after the driver died); the new count."""
+        return int(self._call(self.redis.hincrby, redis_run_key(self.run_id), "resumes", 1))
+
+    def resumes(self) -> int:
+        """How many times the run was resumed (0 if never)."""
+        return int(self._call(self.redis.hget, redis_run_key(self.run_id), "resumes") or 0)
 
     def replay_record(self, topic: str) -> dict[str, str]:
         """The last replay's record for `topic` (empty when none was recorded)."""

@@ -29,7 +29,7 @@ import redis
 
 from keyshift.errors import ConfigurationError
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
-from keyshift.names import REDIS_PREFIX, redis_run_key
+from keyshift.names import REDIS_PREFIX, redis_progress_key, redis_run_key
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,27 @@ def job_counts(client: redis.Redis, runs_dir: Path, run_id: str) -> JobCounts | 
             batch = json.loads(line).get("processed_rows_per_slot") or []
             totals = [a + int(b) for a, b in zip(totals or [0] * len(batch), batch)]
     return JobCounts(run_id, state, tuple(totals), "progress", str(progress)) if totals else None
+
+
+def job_offsets(client: redis.Redis, runs_dir: Path, run_id: str) -> dict[int, int] | None:
+    """The next Kafka offset the job run will read, per partition, as of its last batch.
+
+    From the run's latest progress record in Redis (`keyshift:run:<run_id>:progress`), else the
+    last line of `runs/<run_id>/progress.jsonl` (Redis may have missed a batch while it restarted).
+
+    Returns:
+        `{partition: offset}`, or None when the run has reported no batch yet.
+
+    Raises:
+        redis.RedisError: Redis is unreachable.
+    """
+    latest = client.hget(redis_progress_key(run_id), "latest")
+    if latest is None:
+        progress = runs_dir / run_id / "progress.jsonl"
+        lines = progress.read_text(encoding="utf-8").split() if progress.is_file() else []
+        latest = lines[-1] if lines else None
+    offsets = json.loads(latest).get("offsets") if latest else None
+    return {int(p): int(o) for p, o in offsets.items()} if offsets else None
 
 
 def since_previous(previous_run: str | None, previous: Sequence[int] | None, current: JobCounts) -> list[int]:

@@ -196,7 +196,10 @@ def evaluate_topic(
         StackError: Kafka or Redis is unreachable.
     """
     from keyshift.monitoring.evaluate import evaluate_sample, evaluation_record, save_evaluation
-    from keyshift.monitoring.loads import arrival_ranges, arrivals, bounded_ranges, job_counts, latest_job_run, measured_loads, since_previous
+    from keyshift.monitoring.loads import (
+        arrival_ranges, arrivals, bounded_ranges, job_counts, job_offsets, latest_job_run, measured_loads, since_previous,
+    )
+    from keyshift.orchestration.pipeline import consumer_lag
     from keyshift.monitoring.results import LastSwitch, ResultStore, balance_dir
     from keyshift.monitoring.sampling import Sampler
     from keyshift.monitoring.stream import read_offsets, sample_topic
@@ -222,6 +225,11 @@ def evaluate_topic(
         measured.append(measured_loads("processed", processed, f"job run {run_id} ({counts.state}), {counts.source} {counts.path}, {span}"))
     else:
         log.info("no per-slot counts of a job run on %r (run id %s)", topic, run_id)
+    read_to = job_offsets(store.client, settings.runs_dir, run_id) if run_id else None
+    lag = consumer_lag(offsets.end, read_to) if read_to is not None else None
+    if lag is not None:
+        log.info("%s: consumer lag of job run %s: %d records (%s)", topic, run_id, sum(lag.values()),
+                 ", ".join(f"{p}: {n}" for p, n in lag.items()))
 
     sampler = Sampler(every=params.sample_every) if params.sample_every else Sampler(fraction=params.sample_fraction, seed=params.seed)
     read = bounded_ranges(ranges, params.max_events)
@@ -233,6 +241,7 @@ def evaluate_topic(
         "seed": params.seed, "max_events": params.max_events, "events_arrived": sum(arrived), "events_read": sample.read,
         "events_seen": sampler.seen, "events_sampled": sampler.sampled, "job_run_id": run_id,
         "ranges_read": {str(p): list(r) for p, r in sample.ranges.items()},
+        "consumer_lag": {"total": sum(lag.values()), "per_partition": {str(p): n for p, n in lag.items()}} if lag is not None else None,
     }
 
     trigger = trigger_by_name(params.trigger, **params.trigger_options())

@@ -44,6 +44,7 @@ The channel is still published for consumers that want a push (the Airflow monit
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -63,6 +64,8 @@ from keyshift.placement.strategies import (
     check_epoch,
     check_partitions,
 )
+
+log = logging.getLogger(__name__)
 from keyshift.runs import redis_client
 from keyshift.settings import Settings
 
@@ -675,6 +678,25 @@ def strategy_from_snapshot(snapshot: Mapping[str, Any]) -> Strategy:
     raise PlacementError(f"assignment {snapshot.get('name')!r} holds {snapshot['strategy']!r}, not a learned strategy")
 
 
+REDIS_OUTAGE_S = 60.0
+"""Seconds placement waits for Redis to come back (a restart: the assignment and its epoch are
+in Redis' append-only file) before a new key's placement gives up with StackError."""
+
+
+def while_redis_restarts(function):
+    """Retry `function` on StackError (Redis unreachable) for up to `REDIS_OUTAGE_S` seconds.
+
+    Raises:
+        StackError: Redis stayed unreachable that long.
+    """
+    from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+    return retry(
+        retry=retry_if_exception_type(StackError), stop=stop_after_delay(REDIS_OUTAGE_S),
+        wait=wait_exponential(0.2, max=2.0), before_sleep=before_sleep_log(log, logging.WARNING), reraise=True,
+    )(function)
+
+
 class CachedAssignment:
     """A producer's view of a shared `AssignmentStore`, as a `Strategy`.
 
@@ -761,14 +783,21 @@ class CachedAssignment:
     def refresh(self) -> bool:
         """Check the epoch now; on a change, clear the memo and re-read the meta (and split units).
 
+        While Redis is unreachable (a restart), the epoch in force stays and the check is tried
+        again at the next poll; a new key's placement waits up to `REDIS_OUTAGE_S` for Redis.
+
         Returns:
             True when the epoch changed (the memo was cleared).
         """
         with self._lock:
             self._checked = self._clock()
-            if self.store.epoch() == self._meta.epoch:
+            try:
+                if self.store.epoch() == self._meta.epoch:
+                    return False
+                self._reload()
+            except StackError as exc:  # a Redis restart: place by the epoch in force until it is back
+                log.warning("assignment %r: epoch check failed, keeping epoch %d (%s)", self.store.name, self._meta.epoch, exc)
                 return False
-            self._reload()
             return True
 
     def slot_of(self, key: str) -> int:
@@ -783,9 +812,10 @@ class CachedAssignment:
         slot = self._slots.get(unit)
         if slot is not None:
             return slot
+        place = while_redis_restarts(self.store.place)
         with self._lock:
             while True:
-                slot, epoch, _ = self.store.place(key, 1, observe_known=False)
+                slot, epoch, _ = place(key, 1, observe_known=False)
                 if epoch == self._meta.epoch:
                     self._slots[self._meta.unit_of(key)] = slot
                     return slot

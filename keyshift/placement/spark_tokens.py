@@ -45,23 +45,25 @@ def assignment_token_lookup(mapping: dict[str, int], partitions: int, redis_url:
     every producer agree on its slot.
 
     Raises:
-        StackError: Redis unreachable when an unknown key must be assigned.
+        StackError: Redis unreachable for `REDIS_OUTAGE_S` seconds when an unknown key must be
+            assigned (a shorter outage, a restart, is waited out).
     """
     tokens = np.asarray(slot_tokens(partitions), dtype=np.int32)
     cache = {key: int(tokens[slot]) for key, slot in mapping.items()}
-    store = None
+    store = assign = None
 
     def token_of(key: str) -> int:
-        nonlocal store
+        nonlocal store, assign
         token = cache.get(key)
         if token is None:
             if store is None:
                 import redis
 
-                from keyshift.placement.assignment_store import AssignmentStore
+                from keyshift.placement.assignment_store import AssignmentStore, while_redis_restarts
 
                 store = AssignmentStore(redis.Redis.from_url(redis_url), store_name)
-            token = cache[key] = int(tokens[store.assign(key, observe_known=False)])
+                assign = while_redis_restarts(store.assign)
+            token = cache[key] = int(tokens[assign(key, observe_known=False)])
         return token
 
     return token_of, tokens
