@@ -8,6 +8,7 @@ import time
 
 import click
 
+from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
@@ -33,6 +34,12 @@ def flight_delay_options(function):
         click.option("--starting", type=click.Choice(["replay", "earliest", "latest"]), default="replay", help="Start offsets: where the last replay into the topic began, or earliest/latest."),
         click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue the run RUN_ID from its checkpoint after its driver died (its other options come from runs/RUN_ID/job.json)."),
         click.option("--idle-timeout", type=click.FloatRange(min=1), default=300.0, help="Bounded run: fail when no batch completes for this many seconds."),
+        click.option("--max-ahead-ms", type=click.IntRange(min=1), default=PlausibilityLimits.max_ahead_ms, show_default=True,
+                     help="Event-time plausibility: an event further ahead of the stream (watermark + bound, or its chunk's median) or of its batch's time than this many ms is a dead letter."),
+        click.option("--max-behind-ms", type=click.IntRange(min=1), default=PlausibilityLimits.max_behind_ms, show_default=True,
+                     help="Event-time plausibility: an event further behind the watermark (first batch: its chunk's median) than this many ms is a dead letter."),
+        click.option("--reference-min-events", type=click.IntRange(min=1), default=PlausibilityLimits.reference_min_events, show_default=True,
+                     help="Event-time plausibility: events a chunk needs for its median event time to count as the stream's reference."),
     ]
     for option in reversed(options):
         function = option(function)
@@ -60,6 +67,9 @@ def run_from_options(**options) -> dict:
         max_offsets_per_trigger=options["max_offsets_per_trigger"],
         limit=options["limit"],
         idle_timeout_s=options["idle_timeout"],
+        max_ahead_ms=options["max_ahead_ms"],
+        max_behind_ms=options["max_behind_ms"],
+        reference_min_events=options["reference_min_events"],
     )
     return run_flight_delays(Settings(), config, starting=options["starting"])
 

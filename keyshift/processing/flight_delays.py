@@ -1,8 +1,10 @@
 """The flight delay pipeline as a function from the Kafka source to the processor's output.
 
-source (Kafka rows) -> parse & validate -> event-time watermark -> drop end-of-input markers
+source (Kafka rows) -> parse & validate -> keep this run's records -> event-time plausibility
+(implausible events become dead letters before the watermark can see them) -> dead-letter payload
+-> event-time watermark -> drop end-of-input markers
 -> Local Merge: partials per (origin, window) and the slot token from the assignment (mapInPandas)
--> groupBy(token).transformWithStateInPandas(FlightDelayProcessor)
+-> groupBy(token).transformWithStateInPandas(FlightDelayProcessor) (drops duplicated event ids)
 
 The result is a streaming DataFrame of `keyshift.processing.processor.OUTPUT_SCHEMA` rows that the
 sink (`keyshift.processing.sinks.FlightDelaySink`) splits into windows, alerts, late events, dead
@@ -12,18 +14,20 @@ letters and per-slot loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from keyshift.errors import ConfigurationError
+from keyshift.eventtime.plausibility import PlausibilityLimits, quarantine_implausible
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.local_merge import INPUT_COLUMNS, PARTIAL_SCHEMA, local_merge_function
 from keyshift.processing.processor import OUTPUT_SCHEMA, FlightDelayProcessor
-from keyshift.processing.records import parse_flight_records
+from keyshift.processing.records import validate_flight_records, with_dead_letter_payload
 
 EVENT_TIME_COLUMN = "event_ts"
 
@@ -75,6 +79,13 @@ class FlightDelayJobConfig:
             from Redis at start; None for a rule strategy.
         redis_url: where executors ask the store's atomic assign for keys `assignment` lacks.
         split: hot_split's split keys -> their slots (two or more; piece i on element i).
+        max_ahead_ms: event-time plausibility, ms of event time an event may be ahead of the
+            stream (watermark + bound, or its chunk's median) or of its batch's timestamp before
+            it is a dead letter (`keyshift.eventtime.plausibility`); default 7 days.
+        max_behind_ms: ms of event time an event may be behind the watermark (in the first
+            batch: its chunk's median) before it is a dead letter; default 30 days.
+        reference_min_events: events a chunk needs for its median event time to count as a
+            reference of the stream; default 50.
     """
 
     run_id: str
@@ -91,13 +102,21 @@ class FlightDelayJobConfig:
     assignment: dict[str, int] | None = None
     redis_url: str | None = None
     split: dict[str, tuple[int, ...]] | None = None
+    max_ahead_ms: int = PlausibilityLimits.max_ahead_ms
+    max_behind_ms: int = PlausibilityLimits.max_behind_ms
+    reference_min_events: int = PlausibilityLimits.reference_min_events
+
+    @property
+    def plausibility(self) -> PlausibilityLimits:
+        """The event-time plausibility limits of this run (raises ConfigurationError if < 1)."""
+        return PlausibilityLimits(self.max_ahead_ms, self.max_behind_ms, self.reference_min_events)
 
 
 def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | None) -> DataFrame:
     """Keep the records of one run: its events and its own end-of-input markers.
 
     Args:
-        parsed: `parse_flight_records` output (needs kafka_partition, kafka_offset, is_control,
+        parsed: `parse_flight_records` or `validate_flight_records` output (needs kafka_partition, kafka_offset, is_control,
             control_run_id).
         run_id: markers of other runs (same topic, earlier or concurrent runs) are dropped, so
             they cannot move this run's watermark.
@@ -114,12 +133,24 @@ def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | No
     return parsed.where(own_marker | (~F.col("is_control") & in_range))
 
 
-def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> DataFrame:
-    """Chain parse -> watermark -> Local Merge with slot tokens -> stateful processor.
+def default_checkpoint_dir(run_id: str) -> Path:
+    """`runs/<run_id>/checkpoint` under the default settings' runs folder, where
+    `keyshift.processing.driver.run_flight_delays` puts a run's checkpoint."""
+    from keyshift.settings import Settings
+
+    return Settings().runs_dir / run_id / "checkpoint"
+
+
+def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig, checkpoint_dir: str | Path | None = None) -> DataFrame:
+    """Chain parse -> plausibility -> watermark -> Local Merge with slot tokens -> stateful processor.
 
     Args:
         kafka_rows: the Kafka source's rows (`key`, `value`, `partition`, `offset`), streaming.
         config: the run's configuration.
+        checkpoint_dir: the `checkpointLocation` the query will be started with: the
+            plausibility check reads each batch's watermark from its offset log. Default:
+            `default_checkpoint_dir(config.run_id)`. A batch whose offsets file is not there
+            fails the query (JobError) rather than being judged without its watermark.
 
     Returns:
         A streaming DataFrame of processor output rows (`OUTPUT_SCHEMA`), append mode.
@@ -128,8 +159,13 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig) -> 
     decides lateness per event (window end <= watermark) and sends late events to a side output,
     so Spark must not filter them out silently first.
     """
-    own = run_records(parse_flight_records(kafka_rows), config.run_id, config.end_offsets)
-    timed = own.withColumn(
+    own = run_records(validate_flight_records(kafka_rows), config.run_id, config.end_offsets)
+    # before the watermark operator, so an implausible event never moves the watermark
+    plausible = quarantine_implausible(
+        own, checkpoint_dir or default_checkpoint_dir(config.run_id), config.bound_ms, config.plausibility,
+        exempt=F.col("is_control"),
+    )
+    timed = with_dead_letter_payload(plausible).withColumn(
         EVENT_TIME_COLUMN,
         F.when(
             F.col("dead_letter_reason").isNull() | F.col("is_control"),

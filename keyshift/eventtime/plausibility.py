@@ -1,0 +1,247 @@
+"""Event-time plausibility: quarantine events whose time is absurd relative to the stream.
+
+One event with `event_time` in 2100 would move the watermark (max event time seen - bound) so far
+that every later event of every key is late; one in 1970 would open a window decades behind the
+stream. Such an event is not data: it goes to the dead-letter output with a reason, is counted
+as a dead letter (so events read = Σ window counts + late + dead letters + pending still holds),
+and never reaches the watermark operator. The check therefore runs before Spark's
+`withWatermark`, as a scalar pandas UDF over the event-time column alone.
+
+The rule, for an event with event time t (ms) in micro-batch b:
+
+- W = the watermark in force for batch b and T = the batch's timestamp (its processing time,
+  ms), both read from Spark's offset log `<checkpoint>/offsets/<b>` (`batchWatermarkMs`,
+  `batchTimestampMs`). Spark writes that file before it runs the batch and reads it back when it
+  replays the batch after a crash, so a replay sees the same W and T. T is a wall clock, but
+  the one recorded for the batch, never the clock of the replay. W = 0 means no watermark yet.
+- The chunk: the events the UDF is handed at once, `spark.sql.execution.arrow.maxRecordsPerBatch`
+  rows (default 10,000) of one Kafka partition's slice of the batch, in offset order; the same
+  rows on a replay with the same configuration. m = the lower median of the chunk's event times
+  when it holds at least `reference_min_events` events (S), else undefined.
+- "too far in the future": t > T + A (A = `max_ahead_ms`). Needs no history, so it also holds
+  in the first batch and in small chunks.
+- "too far ahead of the stream": t > F + A, where F = max(W + B, m) over the defined ones
+  (B = the watermark bound, so W + B is the latest event time seen before batch b). The median
+  keeps a batch that spans more event time than A (a backfill) and a stream resuming after a
+  pause from being quarantined; it cannot be pulled far by fewer than half of a chunk.
+- "too far behind the stream": t < R - H (H = `max_behind_ms`), R = W when W > 0, else m. An
+  event behind W but within H is late, as before: it goes to the late output.
+- Otherwise the event is plausible. The first rule that holds gives the reason, in the order
+  above.
+
+Limits: in the first batch (W = 0) a chunk of fewer than S events has no reference but the
+batch time, so a 1970 event in such a chunk passes (it is then emitted as its own old window).
+A stream that pauses for longer than A and then delivers fewer than S events per chunk is
+quarantined until a chunk of S events arrives; raise A for such a stream. Changing
+`maxRecordsPerBatch` between a crash and its resume changes the chunks, so a replayed batch may
+classify differently: keep it fixed for a run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from keyshift.errors import ConfigurationError, JobError
+
+DAY_MS = 86_400_000
+"""One day of event time, in milliseconds."""
+
+TOO_FAR_IN_THE_FUTURE = "event_time too far in the future"
+TOO_FAR_AHEAD = "event_time too far ahead of the stream"
+TOO_FAR_BEHIND = "event_time too far behind the stream"
+REASONS = (TOO_FAR_IN_THE_FUTURE, TOO_FAR_AHEAD, TOO_FAR_BEHIND)
+"""The dead-letter reasons of this rule, in the order it checks them."""
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The task-local property Spark's micro-batch execution sets to the batch id (pyspark 4.2)."""
+
+
+@dataclass(frozen=True)
+class PlausibilityLimits:
+    """The limits of the plausibility rule (see the module docstring).
+
+    Attributes:
+        max_ahead_ms: A, ms of event time an event may be ahead of the stream (and of its
+            batch's timestamp). Default 7 days: more than half the event time a 10,000-record
+            chunk of one partition spans in a flights-3m backfill (about 5 days at P = 8).
+        max_behind_ms: H, ms of event time an event may be behind the watermark (or, in the
+            first batch, the chunk's median). Default 30 days.
+        reference_min_events: S, events a chunk needs for its median to count as a reference.
+            Default 50.
+
+    Raises:
+        ConfigurationError: a limit < 1.
+    """
+
+    max_ahead_ms: int = 7 * DAY_MS
+    max_behind_ms: int = 30 * DAY_MS
+    reference_min_events: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("max_ahead_ms", "max_behind_ms", "reference_min_events"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigurationError(f"plausibility limit {name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class BatchReference:
+    """What the rule knows of the stream when a micro-batch runs.
+
+    Attributes:
+        watermark_ms: Spark's watermark in force for the batch (ms; 0 before the first one).
+        timestamp_ms: the batch's timestamp (ms since the epoch), or None outside a streaming
+            query (the "in the future" rule is then off).
+    """
+
+    watermark_ms: int = 0
+    timestamp_ms: int | None = None
+
+
+def read_batch_reference(checkpoint_dir: str | Path, batch_id: int) -> BatchReference:
+    """The watermark and timestamp Spark recorded for `batch_id` in its offset log.
+
+    `offsets/<batch_id>` holds a version line (`v1`), one JSON line of batch metadata
+    (`batchWatermarkMs`, `batchTimestampMs`, `conf`) and one line per source.
+
+    Raises:
+        JobError: the file is missing or unreadable (the checkpoint is not the query's: pass the
+            query's `checkpointLocation` to the pipeline).
+    """
+    path = Path(checkpoint_dir) / "offsets" / str(int(batch_id))
+    try:
+        metadata = json.loads(path.read_text().splitlines()[1])
+        return BatchReference(int(metadata.get("batchWatermarkMs", 0)), int(metadata["batchTimestampMs"]))
+    except (OSError, IndexError, KeyError, ValueError) as error:
+        raise JobError(
+            f"cannot read batch {batch_id}'s watermark from {path} ({error}); the plausibility check needs the "
+            "query's checkpoint location, readable from every executor"
+        ) from error
+
+
+def lower_median(values: np.ndarray) -> float:
+    """The lower median of a non-empty array: an element of it, so no rounding between two."""
+    return float(np.partition(values, (len(values) - 1) // 2)[(len(values) - 1) // 2])
+
+
+def implausible_reasons(
+    event_times_ms: np.ndarray,
+    checked: np.ndarray,
+    reference: BatchReference,
+    bound_ms: int,
+    limits: PlausibilityLimits,
+) -> np.ndarray:
+    """The plausibility rule (module docstring) over one chunk.
+
+    Args:
+        event_times_ms: event times (ms since the epoch, UTC), one per row; compared as float64,
+            exact up to 2^53 ms (year 287,396), so any time beyond is still far ahead.
+        checked: bool array of the same length: which rows are events to judge (the others, e.g.
+            rejected records or end-of-input markers, get None and are not in the median).
+        reference: the batch's watermark and timestamp.
+        bound_ms: B, the watermark bound (ms).
+        limits: A, H and S.
+
+    Returns:
+        An object array: None for a plausible event (or an unchecked row), else its reason, one
+        of `REASONS`.
+    """
+    times = np.asarray(event_times_ms, dtype=np.float64)
+    checked = np.asarray(checked, dtype=bool)
+    reasons = np.full(len(times), None, dtype=object)
+    events = times[checked]
+    if not len(events):
+        return reasons
+    median = lower_median(events) if len(events) >= limits.reference_min_events else None
+    watermark = reference.watermark_ms if reference.watermark_ms > 0 else None
+    ahead_anchors = [a for a in (None if watermark is None else watermark + bound_ms, median) if a is not None]
+    behind_anchor = watermark if watermark is not None else median
+
+    found = np.full(len(events), None, dtype=object)
+    # assigned from the last rule to the first, so the first rule that holds wins
+    if behind_anchor is not None:
+        found[events < behind_anchor - limits.max_behind_ms] = TOO_FAR_BEHIND
+    if ahead_anchors:
+        found[events > max(ahead_anchors) + limits.max_ahead_ms] = TOO_FAR_AHEAD
+    if reference.timestamp_ms is not None:
+        found[events > reference.timestamp_ms + limits.max_ahead_ms] = TOO_FAR_IN_THE_FUTURE
+    reasons[checked] = found
+    return reasons
+
+
+_references: dict[tuple[str, int], BatchReference] = {}
+
+
+def _batch_reference(checkpoint_dir: str) -> BatchReference:
+    """This task's batch reference (read once per batch and Python worker), or the empty one
+    outside a streaming query."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+    if batch is None:
+        return BatchReference()
+    key = (checkpoint_dir, int(batch))
+    if key not in _references:
+        if len(_references) > 64:
+            _references.clear()
+        _references[key] = read_batch_reference(checkpoint_dir, int(batch))
+    return _references[key]
+
+
+def plausibility_udf(checkpoint_dir: str | Path, bound_ms: int, limits: PlausibilityLimits):
+    """A scalar pandas UDF: event time column (long, NULL = do not judge) -> reason or NULL.
+
+    Args:
+        checkpoint_dir: the streaming query's checkpoint location (its offset log gives each
+            batch's watermark and timestamp; every executor must be able to read it).
+        bound_ms: the watermark bound B (ms).
+        limits: A, H and S.
+
+    Returns:
+        A function Column -> Column (string) to use inside a select before `withWatermark`.
+    """
+    checkpoint = str(checkpoint_dir)
+
+    @F.pandas_udf("string")
+    def judge(event_times_ms: pd.Series) -> pd.Series:
+        checked = event_times_ms.notna().to_numpy()
+        times = event_times_ms.to_numpy(dtype=np.float64, na_value=0.0)  # a long column with NULLs
+        reasons = implausible_reasons(times, checked, _batch_reference(checkpoint), bound_ms, limits)
+        return pd.Series(reasons, dtype=object)
+
+    return judge
+
+
+def quarantine_implausible(
+    frame,
+    checkpoint_dir: str | Path,
+    bound_ms: int,
+    limits: PlausibilityLimits,
+    time_column: str = "event_time_ms",
+    reason_column: str = "dead_letter_reason",
+    exempt: Column | None = None,
+):
+    """Set `reason_column` of every implausible event of `frame` (see the module docstring).
+
+    Args:
+        frame: a (streaming) DataFrame with `time_column` (long, ms) and `reason_column`
+            (string, NULL for a valid record), before any `withWatermark`.
+        checkpoint_dir, bound_ms, limits: as `plausibility_udf`.
+        exempt: rows never judged nor used as reference besides rejected ones (e.g. end-of-input
+            markers); None exempts none.
+
+    Returns:
+        `frame` with `reason_column` = its old value, else the plausibility reason, else NULL.
+    """
+    judged = F.col(reason_column).isNull()
+    if exempt is not None:
+        judged = judged & ~exempt
+    judge = plausibility_udf(checkpoint_dir, bound_ms, limits)
+    return frame.withColumn(reason_column, F.coalesce(F.col(reason_column), judge(F.when(judged, F.col(time_column)))))

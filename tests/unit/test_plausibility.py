@@ -1,0 +1,161 @@
+"""Event-time plausibility: the rule on both sides of each limit, and in a real streaming query
+(the watermark it reads from the offset log, quarantine before the watermark, a replayed batch)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from keyshift.errors import ConfigurationError, JobError
+from keyshift.eventtime.plausibility import (
+    DAY_MS,
+    TOO_FAR_AHEAD,
+    TOO_FAR_BEHIND,
+    TOO_FAR_IN_THE_FUTURE,
+    BatchReference,
+    PlausibilityLimits,
+    implausible_reasons,
+    lower_median,
+    quarantine_implausible,
+    read_batch_reference,
+)
+from keyshift.eventtime.windows import HOUR_MS
+
+T0 = 978_307_200_000  # 2001-01-01T00:00:00Z
+NOW = 1_795_000_000_000  # a batch timestamp in 2026
+BOUND = HOUR_MS
+LIMITS = PlausibilityLimits(max_ahead_ms=7 * DAY_MS, max_behind_ms=30 * DAY_MS, reference_min_events=5)
+A, H = LIMITS.max_ahead_ms, LIMITS.max_behind_ms
+
+
+def judge(times, watermark=0, timestamp=NOW, checked=None):
+    times = np.array(times, dtype=np.int64)
+    checked = np.ones(len(times), dtype=bool) if checked is None else np.array(checked)
+    return implausible_reasons(times, checked, BatchReference(watermark, timestamp), BOUND, LIMITS).tolist()
+
+
+W = T0 + 10 * DAY_MS  # a watermark in force: the latest event seen so far is W + BOUND
+
+CASES = [
+    # (event time of the last event, watermark, batch timestamp, expected reason of that event);
+    # the chunk also holds 5 ordinary events at W + BOUND (or at T0 before any watermark)
+    (W + BOUND + A, W, NOW, None),  # exactly at the ahead limit
+    (W + BOUND + A + 1, W, NOW, TOO_FAR_AHEAD),  # one ms past it
+    (W - H, W, NOW, None),  # exactly at the behind limit (late, not absurd)
+    (W - H - 1, W, NOW, TOO_FAR_BEHIND),
+    (0, W, NOW, TOO_FAR_BEHIND),  # 1970
+    (4_102_444_800_000, W, NOW, TOO_FAR_IN_THE_FUTURE),  # 2100: past the batch's time first
+    (NOW + A, 0, NOW, None),  # a live stream (events at the batch time): exactly A ahead of it
+    (T0 + A, 0, NOW, None),  # first batch: the chunk's median (T0) is the reference
+    (T0 + A + 1, 0, NOW, TOO_FAR_AHEAD),
+    (T0 - H, 0, NOW, None),
+    (T0 - H - 1, 0, NOW, TOO_FAR_BEHIND),
+    (0, 0, NOW, TOO_FAR_BEHIND),  # 1970 in the first batch
+    (4_102_444_800_000, 0, NOW, TOO_FAR_IN_THE_FUTURE),
+    (NOW + A + 1, W, NOW, TOO_FAR_IN_THE_FUTURE),
+    (4_102_444_800_000, W, None, TOO_FAR_AHEAD),  # outside a streaming query: no batch time
+]
+
+
+@pytest.mark.parametrize(("last", "watermark", "timestamp", "reason"), CASES)
+def test_rule_on_both_sides_of_each_limit(last, watermark, timestamp, reason):
+    ordinary = W + BOUND if watermark else T0
+    if last == NOW + A and not watermark:
+        ordinary = NOW  # a live stream: events at the batch time
+    got = judge([ordinary] * 5 + [last], watermark, timestamp)
+    assert got == [None] * 5 + [reason]
+
+
+def test_the_chunk_median_moves_the_ahead_limit_with_the_stream():
+    """A backfill batch spanning more than A past the watermark, or a stream resuming after a
+    pause, is judged against its own median: most of a chunk is never quarantined."""
+    jump = W + BOUND + 40 * DAY_MS
+    assert judge([jump + i for i in range(5)] + [jump + A], W) == [None] * 6
+    assert judge([jump + i for i in range(5)] + [jump + 4 + A + 1], W)[-1] == TOO_FAR_AHEAD
+
+
+def test_a_small_first_chunk_has_no_stream_reference():
+    """Below reference_min_events only the batch time limits a first-batch chunk (documented)."""
+    assert judge([T0, 0, T0 + 100 * DAY_MS]) == [None, None, None]
+    assert judge([T0, 4_102_444_800_000]) == [None, TOO_FAR_IN_THE_FUTURE]
+
+
+def test_a_minority_cannot_pull_the_median():
+    assert judge([T0] * 3 + [4_000_000_000_000] * 2, timestamp=None) == [None] * 3 + [TOO_FAR_AHEAD] * 2
+
+
+def test_unchecked_rows_are_neither_judged_nor_counted_in_the_median():
+    got = judge([T0] * 5 + [0, 4_000_000_000_000], timestamp=None, checked=[True] * 5 + [False, False])
+    assert got == [None] * 7
+    assert judge([], timestamp=None) == []
+
+
+def test_lower_median_is_an_element():
+    assert lower_median(np.array([5, 1, 3, 2])) == 2
+    assert lower_median(np.array([7])) == 7
+
+
+@pytest.mark.parametrize("name", ["max_ahead_ms", "max_behind_ms", "reference_min_events"])
+def test_limits_must_be_positive(name):
+    with pytest.raises(ConfigurationError, match=name):
+        PlausibilityLimits(**{name: 0})
+
+
+def test_a_missing_offset_log_fails_loudly(tmp_path):
+    with pytest.raises(JobError, match="checkpoint"):
+        read_batch_reference(tmp_path, 3)
+
+
+# --- in a real streaming query -------------------------------------------------------------
+
+
+def _write(folder, name, times):
+    (folder / name).write_text("\n".join(json.dumps({"t": int(t)}) for t in times) + "\n")
+
+
+def _run(spark, source, checkpoint, seen):
+    """Stream `source`'s JSON files one file per batch through the plausibility check and the
+    watermark; `seen[batch_id]` = sorted (t, reason) of the batch."""
+    from pyspark.sql import functions as F
+
+    frame = spark.readStream.schema("t LONG").option("maxFilesPerTrigger", 1).json(str(source))
+    judged = quarantine_implausible(
+        frame.withColumn("reason", F.lit(None).cast("string")), checkpoint, BOUND, LIMITS, time_column="t", reason_column="reason"
+    )
+    timed = judged.withColumn("ts", F.when(F.col("reason").isNull(), F.timestamp_millis("t"))).withWatermark("ts", f"{BOUND} milliseconds")
+
+    def collect(batch, batch_id):
+        seen[batch_id] = sorted((r.t, r.reason) for r in batch.collect())
+
+    query = timed.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    return query
+
+
+def test_in_a_streaming_query_the_rule_reads_the_watermark_and_replays_alike(spark, tmp_path):
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    first = [T0 + i * 1_000 for i in range(10)] + [0, 4_102_444_800_000, T0 + 20 * DAY_MS]
+    _write(source, "a.json", first)  # batch 0: no watermark yet; the median is about T0
+    latest = T0 + 9_000  # the latest plausible event of batch 0: the watermark becomes latest - BOUND
+    second = [latest + A, latest + A + 1, latest - BOUND - H, latest - BOUND - H - 1]
+    _write(source, "b.json", second)  # batch 1: 4 events, fewer than S, judged against the watermark
+
+    seen: dict[int, list] = {}
+    query = _run(spark, source, checkpoint, seen)
+    assert seen[0] == sorted([(t, None) for t in first[:10]] + [
+        (0, TOO_FAR_BEHIND), (4_102_444_800_000, TOO_FAR_IN_THE_FUTURE), (T0 + 20 * DAY_MS, TOO_FAR_AHEAD),
+    ])
+    assert read_batch_reference(checkpoint, 1).watermark_ms == latest - BOUND  # no quarantined event moved it
+    assert seen[1] == sorted([
+        (latest + A, None), (latest + A + 1, TOO_FAR_AHEAD), (latest - BOUND - H, None), (latest - BOUND - H - 1, TOO_FAR_BEHIND),
+    ])
+    assert query.lastProgress["batchId"] == 1
+    assert query.lastProgress["eventTime"]["watermark"] == "2000-12-31T23:00:09.000Z"  # Spark's own: latest - BOUND
+
+    # a crash before batch 1 committed: Spark replays it from its offset log, same watermark
+    for name in ("1", ".1.crc"):
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    replayed: dict[int, list] = {}
+    _run(spark, source, checkpoint, replayed)
+    assert replayed == {1: seen[1]}
