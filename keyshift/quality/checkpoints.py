@@ -71,7 +71,8 @@ class FailedExpectation:
         if self.unexpected_count is not None:
             of = f" of {self.element_count}" if self.element_count is not None else ""
             return f"{head} failed on {self.unexpected_count}{of} rows; sample: {_short(self.sample, 400)}"
-        return f"{head} failed; {_short(self.sample, 400)}"
+        observed = [row.get("observed_value") for row in self.sample if isinstance(row, dict) and "observed_value" in row]
+        return f"{head} failed; observed {_short(observed[0], 400)}" if observed else f"{head} failed"
 
 
 @dataclass

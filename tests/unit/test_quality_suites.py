@@ -236,7 +236,8 @@ def test_a_wrong_alert_fails_the_alerts_suite(tmp_path, alert, expectation, colu
 
 def test_a_missing_or_duplicated_alert_fails_the_alerts_suite(tmp_path):
     missing = validate(tmp_path, alerts=alert_records()[:1])
-    assert _failure(missing, "flight_delay_alerts", "expect_table_row_count_to_equal").sample == [{"observed_value": 1}]
+    failure = _failure(missing, "flight_delay_alerts", "expect_table_row_count_to_equal")
+    assert failure.sample == [{"observed_value": 1}] and failure.line().endswith("failed; observed 1")
     twice = validate(tmp_path, alerts=alert_records() + alert_records()[:1])
     _failure(twice, "flight_delay_alerts", "expect_compound_columns_to_be_unique")
 
