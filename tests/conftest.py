@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import pytest
 
@@ -49,10 +50,13 @@ def stack_settings(settings):
 
 @pytest.fixture
 def read_topic(settings):
-    """A function `read_topic(topic)`: every record of the topic, read from the beginning.
+    """A function `read_topic(topic)`: every committed record of the topic, from the beginning.
 
     It returns kafka-python `ConsumerRecord`s (partition, offset, key, value as bytes ...) up to
-    the end offsets at the call, partition by partition in the order the consumer hands them.
+    the end offsets at the call, partition by partition in the order the consumer hands them. It
+    reads with `read_committed` and stops when every partition's position reaches its end offset,
+    since the job's side outputs are transactional: commit markers take offsets of their own, so
+    a topic holds fewer records than its end offsets add up to.
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -61,17 +65,17 @@ def read_topic(settings):
 
     def read(topic: str) -> list:
         ends = end_offsets(settings, topic)
-        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                 group_id=None, consumer_timeout_ms=30_000, **client_options(settings))
+        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, group_id=None,
+                                 isolation_level="read_committed", **client_options(settings))
         try:
             partitions = [TopicPartition(topic, p) for p in ends]
             consumer.assign(partitions)
             consumer.seek_to_beginning(*partitions)
-            records, total = [], sum(ends.values())
-            for message in consumer if total else ():
-                records.append(message)
-                if len(records) == total:
-                    break
+            records, deadline = [], time.monotonic() + 30
+            while any(consumer.position(tp) < ends[tp.partition] for tp in partitions):
+                assert time.monotonic() < deadline, f"could not read {topic} to its end offsets {ends} in 30 s"
+                for batch in consumer.poll(timeout_ms=500).values():
+                    records.extend(batch)
             return records
         finally:
             consumer.close()
