@@ -27,7 +27,7 @@ from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
-from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC, redis_run_key
+from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC
 from keyshift.kafka_clients import client_options, spark_options
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
@@ -341,7 +341,7 @@ def run_flight_delays(
     recorder = RunRecorder(settings, config.run_id)
     recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic)
     if resume:
-        resumes = recorder.redis.hincrby(redis_run_key(config.run_id), "resumes", 1)
+        resumes = recorder.count_resume()
         log.info("run %s: resuming from its checkpoint (resume %d)", config.run_id, resumes)
     stop_requested = threading.Event()
     previous_handlers = _install_stop_handlers(stop_requested)
@@ -389,7 +389,7 @@ def run_flight_delays(
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
         summary.update(_task_time_summary(spark, query.name, config.partitions, run_dir))
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
-        summary["resumes"] = int(recorder.redis.hget(redis_run_key(config.run_id), "resumes") or 0)
+        summary["resumes"] = recorder.resumes()
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
