@@ -22,8 +22,10 @@ def cli(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not verbose:  # py4j logs every JVM call at INFO; kafka-python every reconnect
-        for noisy in ("py4j", "kafka"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+        # kafka-python logs each failed connection at ERROR while it retries; the command's own
+        # one-line error says what failed (-v shows them)
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 def _register() -> None:

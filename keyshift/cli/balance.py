@@ -17,6 +17,7 @@ cost_aware) for a decision, prints a table and stores it. Two sources:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -96,7 +97,10 @@ def evaluate(
 
     settings = Settings()
     if topic is not None:
+        from keyshift import stack
         from keyshift.orchestration.monitor import evaluate_topic, monitor_params
+
+        stack.require(settings, "kafka", "redis")
 
         params = monitor_params({
             "topic": topic, "strategy": in_force, "partitions": partitions, "trigger": trigger, "theta": theta,
@@ -196,9 +200,28 @@ def _brief(record: dict) -> str:
 @click.option("--recent", type=click.IntRange(min=1), default=1, help="Show the last N records of the series, one line each (N > 1).")
 def show(topic: str | None, recent: int) -> None:
     """Print the latest stored evaluation and decision (`keyshift balance evaluate` or the monitor DAG writes it)."""
+    from keyshift.errors import ConfigurationError, StackError
     from keyshift.monitoring.results import load_records
 
-    records, where = load_records(Settings(), topic, recent)
+    settings = Settings()
+    redis_down: StackError | None = None
+    if topic is not None:
+        from keyshift import stack
+
+        try:
+            stack.require(settings, "redis")
+        except StackError as exc:
+            redis_down = exc  # the Parquet history may still answer
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):  # where it read from is printed below
+        logging.getLogger("keyshift.monitoring.results").setLevel(logging.ERROR)
+    try:
+        records, where = load_records(settings, topic, recent)
+    except ConfigurationError as exc:
+        if redis_down is not None:
+            raise StackError(f"{redis_down}; the Parquet history holds nothing either") from exc
+        raise
+    if redis_down is not None:
+        where += " (Redis does not answer)"
     if recent > 1:
         click.echo(f"last {len(records)} records of {topic or 'the offline series'} (from {where}); balance degree (eq. 1) sampled and measured")
         for record in records:

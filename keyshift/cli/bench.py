@@ -42,6 +42,10 @@ def placement(
     from keyshift.data.flights import flights_path
 
     settings = Settings()
+    if broker:  # asked for: fail now, not after minutes of balance benchmarks
+        from keyshift import stack
+
+        stack.require(settings, "kafka")
     streams = bench.flights_streams(flights_path(settings)) if flights else []
     streams += bench.synthetic_streams(events, keys, seed)
     if broker is None:

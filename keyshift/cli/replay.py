@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from keyshift import stack
 from keyshift.cli.topics import quiet_kafka_logs
 from keyshift.data.replay import replay_flights
 from keyshift.names import FLIGHTS_TOPIC
@@ -71,8 +72,10 @@ def flights(
     (epoch ms UTC)}. The count produced and the end offsets are stored in Redis. A key that a
     hot_split assignment spreads over k slots is placed per event: slots[event_id % k].
     """
+    settings = Settings()
+    stack.require(settings, "kafka", "redis")
     result = replay_flights(
-        Settings(),
+        settings,
         topic,
         limit=limit,
         rate=rate,

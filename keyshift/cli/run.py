@@ -29,12 +29,17 @@ def demo(run_id, partitions, strategy, limit, rate, bound_ms, max_offsets_per_tr
 
     Needs the stack (`keyshift stack up`) and the data (`keyshift data fetch flights`).
     """
+    from keyshift import stack
     from keyshift.cli.job import new_run_id
+    from keyshift.data.flights import flights_path
     from keyshift.demo import run_demo
     from keyshift.settings import Settings
 
+    settings = Settings()
+    stack.require(settings, "kafka", "redis")
+    flights_path(settings)  # fetched and verified, or the fix: `keyshift data fetch flights`
     summary = run_demo(
-        Settings(),
+        settings,
         run_id or new_run_id("demo"),
         partitions=partitions,
         strategy=strategy,

@@ -6,7 +6,8 @@ import logging
 
 import click
 
-from keyshift import topics
+from keyshift import stack, topics
+from keyshift.errors import ConfigurationError
 from keyshift.names import FLIGHT_TOPICS
 from keyshift.placement.learning import LEARN_FRACTION, LEARNED_STRATEGIES, learn_and_publish
 from keyshift.placement.strategies import STRATEGY_NAMES, strategy_by_name
@@ -91,6 +92,9 @@ def create(
     names = names or FLIGHT_TOPICS
     if input_topic is not None and input_topic not in names:
         raise click.BadParameter(f"{input_topic!r} is not among the topics {', '.join(names)}", param_hint="--input-topic")
+    topics.check_topic_names(names)
+    # a learned strategy is published in Redis: check it before any topic is touched
+    stack.require(settings, "kafka", *(["redis"] if strategy in LEARNED_STRATEGIES else []))
     outcome = topics.create_topics(settings, names, count, replication=replication, recreate=recreate)
     for name, what in outcome.items():
         click.echo(f"{name:<28} {what:<10} {count} partitions")
@@ -108,7 +112,10 @@ def create(
 @command.command()
 @click.argument("names", nargs=-1)
 def describe(names: tuple[str, ...]) -> None:
-    """Show partitions, replication and records of topics NAMES (default: all but internal)."""
+    """Show partitions, replication and records of topics NAMES (default: all but internal).
+
+    A named topic that does not exist is listed as missing and makes the command fail (exit 1).
+    """
     settings = Settings()
     found = topics.describe_topics(settings, names or None)
     missing = [n for n in names if n not in found]
@@ -118,3 +125,8 @@ def describe(names: tuple[str, ...]) -> None:
         click.echo(f"{name:<28} {info.partitions:>10} {info.replication:>8} {records:>12,}")
     for name in missing:
         click.echo(f"{name:<28} {'(missing)':>10}")
+    if missing:
+        listed = " ".join(missing)
+        raise ConfigurationError(
+            f"topic(s) {', '.join(map(repr, missing))} do not exist; create them with `keyshift topics create {listed}`"
+        )

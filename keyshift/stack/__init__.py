@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
-from keyshift.errors import ConfigurationError
+from keyshift.errors import ConfigurationError, StackError
 from keyshift.settings import Settings
 from keyshift.stack.service import ServiceStatus
 
@@ -162,6 +162,38 @@ def down(settings: Settings, only: Iterable[str] | str | None = None) -> list[st
             if service_module(name).stop(settings):
                 stopped.append(name)
     return stopped
+
+
+def require(settings: Settings, *names: str) -> None:
+    """Fail fast, with the fix, unless each named service answers (no names: all of them).
+
+    `kafka`: something accepts connections at `settings.bootstrap_servers` (a TCP connect, under
+    a second; the client that follows reports a refused login). `redis`: the coordinator answers
+    PING with the settings' password (`keyshift.runs.redis_client`). `airflow`: the health
+    endpoint answers.
+
+    Raises:
+        StackError: the first service that does not answer, with `keyshift stack up` (or the
+            setting to fix) in the message.
+        ConfigurationError: for an unknown service name.
+    """
+    select(names)  # known names only
+    for name in names or SERVICES:  # in the order given: the first one down is reported
+        if name == "kafka":
+            from keyshift.topics import check_broker
+
+            check_broker(settings)
+        elif name == "redis":
+            from keyshift.runs import redis_client
+
+            redis_client(settings, timeout_s=5.0).close()
+        else:
+            from keyshift.stack import airflow
+
+            try:
+                airflow.health(settings, timeout_s=5.0)
+            except StackError as exc:
+                raise StackError(f"{exc}; start it with `keyshift stack up`") from exc
 
 
 def status(settings: Settings, only: Iterable[str] | str | None = None) -> list[ServiceStatus]:

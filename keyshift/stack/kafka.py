@@ -308,11 +308,14 @@ def start(settings: Settings) -> bool:
         True when a broker process was started, False when one was already there.
 
     Raises:
-        StackError: when the port is taken by something that is not a healthy broker, or Java,
-            Maven or the storage tool fail.
+        StackError: when the port is taken by something that is not a healthy broker (or one
+            refusing the settings' login), when keyshift's broker runs with another configuration
+            than the settings render (restart it), or Java, Maven or the storage tool fail.
+        ConfigurationError: for bad SASL settings.
     """
     home = settings.home
     if process.is_running(home, NAME):
+        process.check_config_unchanged(home, NAME, config_file(settings), render_server_properties(settings))
         log.info("kafka already running (pid %d)", process.read_record(home, NAME).pid)
         return False
     for port in (settings.kafka_port, settings.kafka_controller_port):
@@ -323,8 +326,14 @@ def start(settings: Settings) -> bool:
                 log.info("a Kafka broker already answers on %s (%s); reusing it",
                          settings.bootstrap_servers, who)
                 return False
+            login = (
+                " (if it is a Kafka broker, its SASL/PLAIN login must match KEYSHIFT_KAFKA_SASL_USERNAME "
+                "and KEYSHIFT_KAFKA_SASL_PASSWORD, set or unset alike)"
+                if port == settings.kafka_port
+                else ""
+            )
             raise StackError(
-                f"port {settings.kafka_host}:{port} is in use by another process ({who}); stop "
+                f"port {settings.kafka_host}:{port} is in use by another process ({who}){login}; stop "
                 "it, or choose other ports with KEYSHIFT_KAFKA_PORT / KEYSHIFT_KAFKA_CONTROLLER_PORT"
             )
     fetch(settings)

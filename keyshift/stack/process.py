@@ -299,6 +299,29 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
+def check_config_unchanged(home: Path, name: str, path: Path, wanted: str) -> None:
+    """Refuse to reuse a running service whose rendered config differs from what the settings give.
+
+    A service keyshift started runs with the config file rendered at its start; when the settings
+    now render another one (a password or SASL switched on or off, another port), reusing the
+    process would leave clients and server disagreeing (and a health wait running into its
+    timeout). Does nothing when there is no rendered file.
+
+    Raises:
+        StackError: naming the file and the restart that applies the settings.
+    """
+    try:
+        running = path.read_text()
+    except FileNotFoundError:
+        return
+    if running != wanted:
+        raise StackError(
+            f"{name} runs with another configuration than the settings give now ({path}: a password, "
+            f"SASL or a port changed); restart it to apply them: `keyshift stack down --only {name}`, "
+            f"then `keyshift stack up --only {name}`"
+        )
+
+
 def tail(path: Path | str, lines: int = 20) -> str:
     """The last `lines` lines of a text file ('' when it does not exist), for error messages."""
     try:

@@ -178,6 +178,15 @@ def ping(settings: Settings, *, timeout_s: float = 2.0) -> str:
         conn.close()
 
 
+def _answers_without_password(settings: Settings) -> bool:
+    """True when the server takes commands from a client that gives no password."""
+    try:
+        ping(settings.model_copy(update={"redis_password": None}))
+        return True
+    except StackError:
+        return False
+
+
 def auth_fix(settings: Settings) -> str:
     """What to do when Redis refuses keyshift's login (NOAUTH, WRONGPASS, or AUTH without a password set)."""
     if settings.redis_password is None:
@@ -204,11 +213,15 @@ def start(settings: Settings) -> bool:
         True when a server process was started, False when one was already there.
 
     Raises:
-        StackError: when the port is taken by something that does not answer PING, or
-            redis-server is missing and cannot be installed.
+        StackError: when the port is taken by something that does not answer PING, by a Redis
+            that refuses the settings' password or has none while the settings ask for one, when
+            keyshift's Redis runs with another configuration than the settings render (restart
+            it), or redis-server is missing and cannot be installed.
+        ConfigurationError: for a password redis.conf cannot hold.
     """
     home = settings.home
     if process.is_running(home, NAME):
+        process.check_config_unchanged(home, NAME, config_file(settings), render_config(settings))
         log.info("redis already running (pid %d)", process.read_record(home, NAME).pid)
         return False
     if process.port_open(settings.redis_host, settings.redis_port):
@@ -218,11 +231,19 @@ def start(settings: Settings) -> bool:
 
         try:
             ping(settings)
-            log.info("a Redis already answers on %s (%s); reusing it", settings.redis_address, who)
-            return False
         except StackError as exc:
             if isinstance(exc.__cause__, redis.AuthenticationError):
                 raise StackError(f"{exc} ({who})") from exc
+        else:
+            if settings.redis_password is not None and _answers_without_password(settings):
+                # Redis's default user takes any password while it has none: not what was asked for
+                raise StackError(
+                    f"a Redis without a password answers on {settings.redis_address} ({who}), but "
+                    "KEYSHIFT_REDIS_PASSWORD asks for one; stop that Redis, or choose another port "
+                    "with KEYSHIFT_REDIS_PORT"
+                )
+            log.info("a Redis already answers on %s (%s); reusing it", settings.redis_address, who)
+            return False
         raise StackError(
             f"port {settings.redis_host}:{settings.redis_port} is in use by another process ({who}); "
             "stop it, or choose another port with KEYSHIFT_REDIS_PORT"

@@ -223,3 +223,22 @@ def test_a_large_log_is_rotated_on_start(home, monkeypatch):
 
     assert log_path.with_suffix(".log.1").read_text() == "an old run's long log\n"
     assert "an old run" not in log_path.read_text()
+
+
+def test_write_private_leaves_a_file_only_its_owner_reads(tmp_path):
+    path = process.write_private(tmp_path / "sub" / "secret.conf", "requirepass x\n")
+    process.write_private(path, "requirepass y\n")  # an existing file too
+
+    assert path.read_text() == "requirepass y\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["secret.conf"]  # no temporary file left
+
+
+def test_a_running_service_with_another_config_is_not_reused(tmp_path):
+    path = tmp_path / "redis.conf"
+    process.check_config_unchanged(tmp_path, "redis", path, "port 1\n")  # no file: nothing to compare
+    path.write_text("port 1\n")
+    process.check_config_unchanged(tmp_path, "redis", path, "port 1\n")  # the same: reused
+
+    with pytest.raises(StackError, match=r"restart it.*`keyshift stack down --only redis`"):
+        process.check_config_unchanged(tmp_path, "redis", path, "port 1\nrequirepass x\n")
