@@ -170,6 +170,10 @@ def format_record(record: dict) -> list[str]:
         )
     else:
         lines.append(f"{record['at']}: {where} by {record.get('key', '?')}")
+    lag = record.get("consumer_lag")
+    if lag:
+        per = " ".join(f"{p}:{n}" for p, n in lag["per_partition"].items())
+        lines.append(f"consumer lag of job run {record.get('job_run_id')}: {lag['total']:,} records ({per})")
     if evaluation:
         lines.append(f"sample: {evaluation['events']:,} events, {evaluation['keys']} keys")
         lines.extend(_table(evaluation["partitions"], evaluation["in_force"], evaluation["results"]))

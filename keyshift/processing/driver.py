@@ -325,6 +325,8 @@ def run_flight_delays(
             cannot place with (`JOB_STRATEGIES`).
         StackError: Kafka or Redis is not reachable.
     """
+    from keyshift.stack import require
+
     run_dir = settings.runs_dir / config.run_id
     checkpoint = run_dir / "checkpoint"
     has_checkpoint = (checkpoint / "offsets").exists()
@@ -338,6 +340,9 @@ def run_flight_delays(
     if resume:
         config, start, replay = load_job_record(run_dir)
     check_job_strategy(config.strategy)
+    require(settings, "kafka", "redis")  # one line naming the fix, before anything starts
+    if not resume:
+        _kafka_offsets(settings, config.topic)  # a missing topic: one line naming the fix
     recorder = RunRecorder(settings, config.run_id)
     recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic)
     if resume:

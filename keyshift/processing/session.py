@@ -64,10 +64,13 @@ def build_spark_session(
 
     Args:
         app_name: shown in the Spark UI and logs.
-        master: `local[*]`, `local[N]` or a cluster URL; ignored when spark-submit set one.
+        master: `local[*]`, `local[N]` or a cluster URL; ignored when spark-submit set one. A local
+            master binds the driver and its UI to 127.0.0.1 (`SPARK_LOCAL_IP`, unless set).
         conf: from `spark_conf`.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master.startswith("local"):  # nothing outside this host needs a local driver: its ports and UI on loopback
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit, which sets the master
         builder = builder.master(master)
