@@ -1,10 +1,10 @@
 """Bad input on the real stack (Kafka, Redis, Spark): a corpus of broken records mixed into real
 flights, spread over many micro-batches; the query keeps running and every record is accounted.
 
-20,000 real flights go into a fresh 4-partition topic (hash placement, key = origin), in three
+12,000 real flights go into a fresh 4-partition topic (hash placement, key = origin), in three
 parts; the corpus of bad records (`CORPUS`, one of each kind per part, on every partition in
 turn) goes before the first part, between the parts and after the last, and copies of flights
-already sent (duplicated event ids) go between the parts. The job reads 3,000 records per
+already sent (duplicated event ids) go between the parts. The job reads 2,500 records per
 micro-batch with a two-day watermark bound (no flight is late at this size), so bad records
 reach the job in its first, middle and last batches; a record from 2100 comes first, the
 sequence that ended the query with IndexError (issue 8), and bytes that are not UTF-8 are among
@@ -34,9 +34,9 @@ from keyshift.processing.processor import DUPLICATE_EVENT_ID
 
 pytestmark = pytest.mark.integration
 
-FLIGHTS = 20_000
+FLIGHTS = 12_000
 PARTITIONS = 4
-PER_BATCH = 3_000
+PER_BATCH = 2_500
 T = 978_307_260_000  # 2001-01-01T00:01:00Z, inside the first flights' hours
 
 
@@ -132,7 +132,7 @@ def run(stack_settings, spark):
     thirds = np.array_split(np.arange(FLIGHTS), 3)
     send_corpus(0)  # the 2100 record reaches batch 0, ordinary batches follow it
     send_flights(range(thirds[0][0], thirds[0][-1] + 1))
-    send_copies([10, 500, 5_000, 6_000, 6_000])  # flights of an earlier batch; 6,000 twice
+    send_copies([10, 500, 3_000, 3_500, 3_500])  # flights sent before; 3,500 twice
     send_corpus(1)
     send_flights(range(thirds[1][0], thirds[1][-1] + 1))
     send_copies([thirds[1][-1]])  # a copy right behind its original, likely in the same batch
