@@ -33,7 +33,7 @@ FLIGHTS = 100_000
 PARTITIONS = 8
 MALFORMED = [
     # (key, value, reason the job must give)
-    (b"ORD", b"not json at all", "not a JSON object with flight fields"),
+    (b"ORD", b"not json at all", "malformed JSON"),
     (b"ORD", b'{"event_id": 1, "origin": "ORD"}', "missing destination"),
     (b"ATL", b'{"event_id": 2, "origin": "ATL", "destination": "LGA", "delay_min": "ten", "distance_mi": 1, "event_time": 978307260000}', "wrong type for delay_min"),
     (b"SFO", b'{"event_id": -4, "origin": "SFO", "destination": "LAX", "delay_min": 1, "distance_mi": 1, "event_time": 978307260000}', "negative event_id"),
