@@ -10,9 +10,11 @@ the input topic; the job starts reading where this replay began) → `choose_mod
 * **bounded** (`limit` > 0): `spark_submit` (SparkSubmitOperator on connection `spark_default`;
   blocks until the job has drained the `limit` events, flushed its windows and exited);
 * **continuous** (`limit` empty or 0; the replay sends the whole data set): `launch_job` (a
-  detached, supervised driver; log in `runs/<run_id>/logs/driver.log`) → `watch_job` (deferred:
-  the triggerer logs batches and consumer lag, and fails the task, naming the driver log, if the
-  driver dies). Stop the job with `keyshift.orchestration.launch.stop_job` (or SIGTERM).
+  detached supervisor and its driver; log in `runs/<run_id>/logs/driver.log`) → `watch_job`
+  (deferred: the triggerer logs batches, consumer lag and restarts). A driver that dies is
+  restarted from its checkpoint up to `max_restarts` times, `restart_delay_s` seconds after its
+  death (Flink's fixed-delay restart strategy); past that the task fails naming the driver log.
+  Stop the job with `keyshift.orchestration.launch.stop_job` (or SIGTERM to its supervisor).
 
 Finally `verify_summary` checks `runs/<run_id>/summary.json`: events read = window counts + late
 events + dead letters = events produced (= `limit` when bounded), and writes
@@ -34,6 +36,7 @@ from airflow.sdk import Param, dag, task
 from keyshift import names
 from keyshift.orchestration import pipeline
 from keyshift.orchestration.sensors import JobProgressSensor
+from keyshift.orchestration.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY_S
 
 RUN_ID = "{{ job_run_id(run_id) }}"
 
@@ -60,6 +63,12 @@ RUN_ID = "{{ job_run_id(run_id) }}"
                       description="Replay rate in events/s; empty = as fast as possible."),
         "bound_ms": Param(3_600_000, type="integer", minimum=0,
                           description="Watermark bound in ms: how late an event may be before it counts as late."),
+        "max_restarts": Param(DEFAULT_MAX_RESTARTS, type="integer", minimum=0, maximum=1000,
+                              description="Continuous run: times a dead driver is restarted from its checkpoint "
+                                          "before the run fails (restarts; Flink's fixed-delay attempts)."),
+        "restart_delay_s": Param(DEFAULT_RESTART_DELAY_S, type="number", minimum=0, maximum=3600,
+                                 description="Continuous run: seconds between a driver's death and its restart "
+                                             "(Flink's fixed-delay delay)."),
     },
 )
 def keyshift_pipeline():
@@ -86,11 +95,14 @@ def keyshift_pipeline():
     @task
     def launch_job(run_id=None, params=None) -> dict:
         from keyshift.orchestration.launch import launch_job
+        from keyshift.orchestration.supervisor import RestartPolicy
         from keyshift.settings import Settings
 
+        policy = RestartPolicy(int(params["max_restarts"]), float(params["restart_delay_s"]))
         job = launch_job(Settings(), pipeline.job_run_id(run_id), strategy=params["strategy"],
-                         partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]))
-        return {"run_id": job.run_id, "pid": job.pid, "log_path": str(job.log_path), "adopted": job.adopted}
+                         partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]), policy=policy)
+        return {"run_id": job.run_id, "pid": job.pid, "supervisor_pid": job.supervisor_pid,
+                "log_path": str(job.log_path), "adopted": job.adopted}
 
     @task(trigger_rule="none_failed_min_one_success")
     def verify_summary(replayed: dict, run_id=None, params=None) -> dict:

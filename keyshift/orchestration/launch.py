@@ -1,23 +1,37 @@
-"""Detached launch of a continuous job: a supervised driver process and its run record.
+"""Detached launch of a continuous job: a supervisor, its restartable driver, and the run record.
 
 SparkSubmitOperator blocks until spark-submit exits and has no deferrable mode (DESIGN.md,
-pitfalls), so a job that runs until stopped is started here instead: `spark-submit
-spark_jobs/flight_delays.py --run-id ...` as a process supervised by `keyshift.stack.process`
-with `runs/<run_id>/` as its home and `driver` as its name: its own session (neither the Airflow
-task that launched it nor a signal to that task's process group takes it down), stdout and stderr
-appended to `runs/<run_id>/logs/driver.log`, a pid file `runs/<run_id>/run/driver.pid` holding the
-pid and the process's creation time (a recycled pid never counts), and its run record in the
-Redis hash `names.redis_run_key(run_id)`:
+pitfalls), so a job that runs until stopped is started here instead. `launch_job` starts a small
+supervisor process (`python -m keyshift.orchestration.supervisor`, supervised by
+`keyshift.stack.process` with `runs/<run_id>/` as its home and `supervisor` as its name), and the
+supervisor runs `spark-submit spark_jobs/flight_delays.py --run-id ...` as its child, named
+`driver`. Each of the two leads its own session: neither the Airflow task that launched them nor a
+signal to its process group takes them down, and a driver that kills its own group (a crash test's
+`kill -9 -<pgid>`, a failpoint) leaves the supervisor alive. Files under `runs/<run_id>/`: the
+driver's stdout and stderr appended to `logs/driver.log` across attempts, the supervisor's to
+`logs/supervisor.log`; pid files `run/driver.pid` and `run/supervisor.pid` (the pid and the
+process's creation time: a recycled pid never counts); the supervisor's spec `run/supervisor.json`.
+
+When the driver dies (non-zero exit or a signal) without a stop having been requested, the
+supervisor restarts it from its checkpoint (`--resume RUN_ID`) after `restart_delay_s` seconds, at
+most `max_restarts` times: Flink's fixed-delay restart strategy (see `supervisor.py`). The run
+record is the Redis hash `names.redis_run_key(run_id)`:
 
 | field | written by | meaning |
 | --- | --- | --- |
-| run_id, strategy, partitions, bound_ms, limit | launcher | what was asked |
-| pid, pid_create_time, host | launcher (the job may overwrite `pid` with its Python driver's) | the process and its host |
+| run_id, strategy, partitions, bound_ms, limit, topic | launcher | what was asked |
+| max_restarts, restart_delay_s | launcher | the restart policy (restarts; seconds) |
+| supervisor_pid, supervisor_pid_create_time, supervisor_log_path | launcher | the supervisor |
+| pid, pid_create_time, host | supervisor, per attempt (the job overwrites `pid` with its Python driver's) | the driver process and its host |
+| attempt | supervisor | the driver's current attempt (1 = the first run) |
+| restarts, restart_history, last_exit | supervisor | restarts so far; a JSON list of `{restart, at, exit_code, signal, signal_name, delay_s, from, log_path}`; how the last driver ended |
+| resumes | the job (`--resume`) | times the job resumed from its checkpoint (= restarts from a checkpoint) |
 | log_path | launcher | the driver log |
-| state | launcher (`starting`), then the job (`running`, `succeeded`, `stopped`, `failed`) | lifecycle |
-| started_at | launcher | ISO-8601 UTC |
-| summary_path, finished_at | the job | its results |
-| stop_requested_at | `stop_job` | a stop was asked for: a driver gone after this is not a crash |
+| state | launcher (`starting`), the job (`running`, `succeeded`, `stopped`, `failed`), the supervisor (`restarting` during the delay; `failed` past the limit; `stopped` if a stopped driver wrote nothing) | lifecycle |
+| error | the job, or the supervisor past the limit (naming the driver log) | why it failed |
+| started_at | launcher, then the job | start time |
+| summary_path, finished_at | the job (the supervisor when it ends the run) | its results |
+| stop_requested_at, stop_timeout_s | `stop_job` | a stop was asked for: a driver gone after this is not a crash and is not restarted |
 
 The deferrable `JobProgressSensor` then watches the record (see `triggers.py`).
 """
@@ -30,6 +44,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,31 +52,37 @@ from pathlib import Path
 from keyshift import names
 from keyshift.errors import JobError, StackError
 from keyshift.orchestration import pipeline
+from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, SupervisorSpec, spec_path
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
-from keyshift.stack.spark import jars_option
+from keyshift.stack.spark import jars_option, loopback_env
 
 log = logging.getLogger(__name__)
 
-ACTIVE_STATES = frozenset({"starting", "running"})
-"""Run states in which a live driver is expected."""
+ACTIVE_STATES = frozenset({"starting", "running", "restarting"})
+"""Run states in which a live driver is expected, or about to be (`restarting`: the supervisor
+waits `restart_delay_s` before it starts the driver again)."""
 
 TERMINAL_STATES = frozenset({"succeeded", "stopped", "failed"})
 """Run states the job writes when it ends (`stopped`: a continuous run ended on SIGTERM/SIGINT)."""
 
 DRIVER = pipeline.DRIVER_NAME
-"""The supervised process's name under `runs/<run_id>/` (pid file `run/driver.pid`, log `logs/driver.log`)."""
+"""The driver's process name under `runs/<run_id>/` (pid file `run/driver.pid`, log `logs/driver.log`)."""
+
+SUPERVISOR = SUPERVISOR_NAME
+"""The supervisor's process name under `runs/<run_id>/` (pid file `run/supervisor.pid`, log `logs/supervisor.log`)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchedJob:
-    """A detached driver process.
+    """A detached, supervised driver.
 
     Attributes:
         run_id: the keyshift run id. pid: the driver's process id (also its session and
-        process group id). log_path: its stdout+stderr. command: the argv it runs.
-        adopted: True when a live driver of this run id was already running and was reused
-        rather than started twice (an Airflow retry of the launch task).
+        process group id; the spark-submit process). log_path: its stdout+stderr. command: the
+        argv of its first start. adopted: True when a live run of this run id was already running
+        and was reused rather than started twice (an Airflow retry of the launch task).
+        supervisor_pid: the supervisor's process id (None for a run launched without one).
     """
 
     run_id: str
@@ -69,6 +90,7 @@ class LaunchedJob:
     log_path: Path
     command: tuple[str, ...]
     adopted: bool = False
+    supervisor_pid: int | None = None
 
 
 def _utcnow_iso() -> str:
@@ -79,6 +101,20 @@ def _redis(settings: Settings):
     import redis
 
     return redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """`KEYSHIFT_*` variables that rebuild `settings` in a child process (`Settings()` reads them).
+
+    The supervisor and the driver are separate processes that build their own `Settings`; these
+    make them use the launcher's runs folder, Redis and broker even when the launcher was given
+    settings other than its environment's. Unset (None) fields are left out.
+    """
+    return {
+        f"KEYSHIFT_{name.upper()}": str(value)
+        for name, value in settings.model_dump(mode="json").items()
+        if value is not None
+    }
 
 
 def spark_submit_binary() -> str:
@@ -101,23 +137,30 @@ def driver_record(settings: Settings, run_id: str) -> process.ProcessRecord | No
     return process.running_record(pipeline.run_dir(settings, run_id), DRIVER)
 
 
-def record_alive(settings: Settings, record: dict[str, str]) -> bool | None:
-    """Whether the driver named by a Redis run record is alive, if this host can tell.
+def supervisor_record(settings: Settings, run_id: str) -> process.ProcessRecord | None:
+    """The pid-file record of the run's supervisor when that very process still runs, else None."""
+    return process.running_record(pipeline.run_dir(settings, run_id), SUPERVISOR)
 
-    The driver is alive when its pid file (`runs/<run_id>/run/driver.pid`) names a live process
-    with the creation time recorded there (the spark-submit process leading the driver's session).
-    The record's `pid` is not compared: the job overwrites it with its Python driver's pid, a
-    child of that process.
+
+def record_alive(settings: Settings, record: dict[str, str]) -> bool | None:
+    """Whether the run named by a Redis run record still has a live process, if this host can tell.
+
+    Alive means its supervisor (`runs/<run_id>/run/supervisor.pid`) or its driver
+    (`run/driver.pid`) names a live process with the creation time recorded there: between two
+    attempts only the supervisor lives, and a driver outlives a supervisor killed on its own. The
+    record's `pid` is not compared: the job overwrites it with its Python driver's pid, a child of
+    the spark-submit process.
 
     Returns:
         True/False for a record launched on this host with a pid; None when the record has no
         pid yet or was launched on another host (then only the job's `state` can be trusted).
     """
-    if not record.get("pid") or not record.get("run_id"):
+    if not (record.get("pid") or record.get("supervisor_pid")) or not record.get("run_id"):
         return None
     if record.get("host") not in (None, "", socket.gethostname()):
         return None
-    return driver_record(settings, record["run_id"]) is not None
+    run_id = record["run_id"]
+    return supervisor_record(settings, run_id) is not None or driver_record(settings, run_id) is not None
 
 
 def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
@@ -132,9 +175,14 @@ def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
     try:
         return client.hgetall(names.redis_run_key(run_id))
     except redis.RedisError as exc:
-        raise StackError(f"cannot read run {run_id} from Redis at {settings.redis_url}: {exc}") from exc
+        raise StackError(f"cannot read run {run_id} from Redis at {_address(settings)}: {exc}") from exc
     finally:
         client.close()
+
+
+def _address(settings: Settings) -> str:
+    """Redis's address for messages, without a password."""
+    return getattr(settings, "redis_address", None) or f"redis://{settings.redis_host}:{settings.redis_port}/0"
 
 
 def launch_job(
@@ -145,27 +193,37 @@ def launch_job(
     partitions: int,
     bound_ms: int,
     limit: int | None = None,
+    topic: str | None = None,
+    max_offsets_per_trigger: int | None = None,
+    policy: RestartPolicy = RestartPolicy(),
     application: Path = pipeline.APPLICATION,
     startup_check_s: float = 3.0,
 ) -> LaunchedJob:
-    """Start the job's driver detached, record it in Redis, and return without waiting.
+    """Start the job's supervisor and driver detached, record them in Redis, return without waiting.
 
-    Idempotent per run id: if the record shows a live driver (state starting/running), it is
-    adopted rather than started twice.
+    Idempotent per run id: if the record shows a live run (state starting/running/restarting with
+    its supervisor or driver alive), it is adopted rather than started twice.
 
     Args:
-        settings: Redis, runs folder and `spark_master`.
+        settings: Redis, runs folder and `spark_master`; handed to the supervisor and the driver
+            as `KEYSHIFT_*` variables (`settings_env`).
         run_id: keyshift run id (`pipeline.job_run_id`).
-        strategy, partitions, bound_ms, limit: the job's arguments (`pipeline.spark_submit_args`).
-        application: the Spark application file.
-        startup_check_s: seconds to watch the new driver; a driver dead by then fails the launch.
+        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger: the job's
+            arguments (`pipeline.spark_submit_args`; None: the job's default).
+        policy: the restart policy (`max_restarts` restarts, `restart_delay_s` seconds apart).
+        application: the Spark application file (it must accept `--run-id …` and `--resume RUN_ID`).
+        startup_check_s: seconds to watch the first attempt; a driver dead by then (or a
+            supervisor dead) fails the launch without a restart: a driver that cannot even start
+            will not start on a second try either.
 
     Returns:
         The `LaunchedJob`.
 
     Raises:
-        JobError: the run already succeeded (choose another run id), or the driver died within
-            `startup_check_s` (the message names the log and quotes its tail).
+        JobError: the run already succeeded (choose another run id), a process of the run is
+            alive but its record does not say it runs (stop it with `stop_job` first), or the
+            first attempt died within `startup_check_s` (the message names the log and quotes
+            its tail).
         StackError: Redis unreachable, or `spark-submit` missing.
     """
     import redis
@@ -176,52 +234,162 @@ def launch_job(
     client = _redis(settings)
     try:
         existing = client.hgetall(key)
-        live = driver_record(settings, run_id)
-        if existing.get("state") in ACTIVE_STATES and live is not None:
-            log.info("Run %s already has a live driver (pid %d); adopting it", run_id, live.pid)
-            return LaunchedJob(run_id, live.pid, Path(live.log_file), live.argv, adopted=True)
+        live, supervisor = driver_record(settings, run_id), supervisor_record(settings, run_id)
+        if existing.get("state") in ACTIVE_STATES and (live or supervisor) is not None:
+            pid = live.pid if live is not None else int(existing.get("pid") or 0)
+            log.info("Run %s already runs (driver pid %s, supervisor pid %s); adopting it", run_id,
+                     live.pid if live else None, supervisor.pid if supervisor else None)
+            command = live.argv if live is not None else supervisor.argv
+            return LaunchedJob(run_id, pid, pipeline.driver_log_path(settings, run_id), command, adopted=True,
+                               supervisor_pid=supervisor.pid if supervisor else None)
         if existing.get("state") == "succeeded":
             raise JobError(f"run {run_id} already succeeded (record {key}); launch with a new run id")
+        if (live or supervisor) is not None:
+            alive = live or supervisor
+            raise JobError(
+                f"run {run_id} has a live {alive.name} (pid {alive.pid}) while its record says state "
+                f"{existing.get('state')!r}; stop it with keyshift.orchestration.launch.stop_job first"
+            )
         if existing:
             log.warning("Run %s has a stale record (state %s, no live driver); launching again",
                         run_id, existing.get("state"))
 
-        argv = (
+        base = (
             spark_submit_binary(), "--master", settings.spark_master, "--name", f"keyshift-{run_id}",
             "--jars", jars_option(settings),  # the driver JVM exists before the job's code runs
             str(application),
-            *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit),
         )
+        argv = (*base, *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit, topic=topic,
+                                                   max_offsets_per_trigger=max_offsets_per_trigger))
+        spec = SupervisorSpec(run_id=run_id, argv=argv, resume_argv=(*base, *pipeline.resume_args(run_id)),
+                              policy=policy, cwd=str(PROJECT_ROOT))
+        spec.write(spec_path(home))
+        process.pid_file(home, DRIVER).unlink(missing_ok=True)  # a dead attempt's: not this launch's driver
         log_path = pipeline.driver_log_path(settings, run_id)
         client.delete(key)
         client.hset(key, mapping={
             "run_id": run_id, "state": "starting", "log_path": str(log_path),
             "strategy": strategy, "partitions": str(partitions), "bound_ms": str(bound_ms),
-            "limit": "" if limit is None else str(limit), "started_at": _utcnow_iso(),
-            "host": socket.gethostname(),
+            "limit": "" if limit is None else str(limit), "topic": topic or "",
+            "started_at": _utcnow_iso(), "host": socket.gethostname(),
+            "max_restarts": str(policy.max_restarts), "restart_delay_s": str(policy.restart_delay_s),
+            "restarts": "0", "restart_history": "[]", "attempt": "0",
+            "supervisor_log_path": str(process.log_file(home, SUPERVISOR)),
         })
-        started = process.start(home, DRIVER, argv, env={**os.environ, **pipeline.spark_env()}, cwd=PROJECT_ROOT)
-        client.hset(key, mapping={"pid": str(started.pid), "pid_create_time": repr(started.create_time)})
-        log.info("Launched run %s: driver pid %d, log %s", run_id, started.pid, log_path)
-
-        deadline = time.monotonic() + startup_check_s
-        while time.monotonic() < deadline:
-            if not process.is_running(home, DRIVER):
-                client.hset(key, mapping={"state": "failed", "finished_at": _utcnow_iso()})
-                raise JobError(
-                    f"driver of run {run_id} exited within {startup_check_s:.0f} s of its start; "
-                    f"see {log_path}:\n{process.tail(log_path)}"
-                )
-            time.sleep(0.2)
-        return LaunchedJob(run_id, started.pid, log_path, argv)
+        supervisor = process.start(
+            home, SUPERVISOR, (sys.executable, "-m", "keyshift.orchestration.supervisor", "--spec", str(spec_path(home))),
+            # a local driver binds to loopback unless SPARK_LOCAL_IP is set (keyshift.stack.spark)
+            env={**loopback_env(settings), **os.environ, **pipeline.spark_env(), **settings_env(settings)},
+            cwd=PROJECT_ROOT,
+        )
+        client.hset(key, mapping={"supervisor_pid": str(supervisor.pid),
+                                  "supervisor_pid_create_time": repr(supervisor.create_time)})
+        log.info("Launched run %s: supervisor pid %d (max_restarts %d, restart_delay_s %g), driver log %s",
+                 run_id, supervisor.pid, policy.max_restarts, policy.restart_delay_s, log_path)
+        driver = _check_first_attempt(settings, client, run_id, startup_check_s)
+        log.info("Run %s: driver pid %d", run_id, driver.pid)
+        return LaunchedJob(run_id, driver.pid, log_path, argv, supervisor_pid=supervisor.pid)
     except redis.RedisError as exc:
-        raise StackError(f"cannot record run {run_id} in Redis at {settings.redis_url}: {exc}") from exc
+        raise StackError(f"cannot record run {run_id} in Redis at {_address(settings)}: {exc}") from exc
     finally:
         client.close()
 
 
+_DRIVER_START_LIMIT_S = 60.0
+"""Seconds the launch waits at most for the supervisor to start the first driver."""
+
+
+def _check_first_attempt(settings: Settings, client, run_id: str, startup_check_s: float) -> process.ProcessRecord:
+    """Watch the first attempt for `startup_check_s` seconds (and until its driver exists).
+
+    Returns:
+        The driver's pid-file record.
+
+    Raises:
+        JobError: the supervisor died, or the first driver ended (the supervisor recorded a
+            restart, or the run failed) within the window; the launch then stops the
+            supervisor and marks the run `failed`, naming the log.
+    """
+    key, home = names.redis_run_key(run_id), pipeline.run_dir(settings, run_id)
+    log_path = pipeline.driver_log_path(settings, run_id)
+    started = time.monotonic()
+    driver = None
+    while True:
+        record = client.hgetall(key)
+        failed = (int(record.get("restarts") or 0) > 0 or record.get("state") == "failed"
+                  or supervisor_record(settings, run_id) is None)
+        if failed:
+            process.stop(home, SUPERVISOR, timeout_s=10)
+            process.stop(home, DRIVER, timeout_s=10)
+            client.hset(key, mapping={"state": "failed", "finished_at": _utcnow_iso()})
+            waited = time.monotonic() - started
+            supervisor_log = process.log_file(home, SUPERVISOR)
+            raise JobError(
+                f"driver of run {run_id} exited within {waited:.0f} s of its start; see {log_path} "
+                f"(supervisor: {supervisor_log}):\n{process.tail(log_path)}"
+            )
+        driver = driver_record(settings, run_id) or driver
+        waited = time.monotonic() - started
+        if waited >= startup_check_s and driver is not None:
+            return driver
+        if waited >= max(startup_check_s, _DRIVER_START_LIMIT_S):
+            process.stop(home, SUPERVISOR, timeout_s=10)
+            raise JobError(f"the supervisor of run {run_id} started no driver within {waited:.0f} s; "
+                           f"see {process.log_file(home, SUPERVISOR)}")
+        time.sleep(0.2)
+
+
 def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
-    """Stop a detached driver gracefully: SIGTERM to the job's Python driver, then its group.
+    """Stop a detached run gracefully, and make sure it is not restarted.
+
+    `stop_requested_at` (and `stop_timeout_s`) is recorded first, so neither the supervisor nor
+    the monitor reads the driver's end as a crash. Then SIGTERM goes to the supervisor, which stops
+    the driver gracefully (`stop_driver`) and exits without a restart; this waits for it. A driver
+    still alive after that (a run without a supervisor, or one whose supervisor was killed) is
+    stopped here with `stop_driver`.
+
+    Args:
+        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait at each
+            step of the driver's stop (the supervisor gets twice that plus 30 s in all).
+
+    Returns:
+        True if a live supervisor or driver was stopped, False if there was none (already ended,
+        or unknown).
+
+    Raises:
+        StackError: Redis unreachable.
+    """
+    supervisor, live = supervisor_record(settings, run_id), driver_record(settings, run_id)
+    if supervisor is None and live is None:
+        log.info("Run %s has no live supervisor or driver to stop", run_id)
+        return False
+    client = _redis(settings)
+    try:
+        client.hset(names.redis_run_key(run_id), mapping={"stop_requested_at": _utcnow_iso(),
+                                                          "stop_timeout_s": str(timeout_s)})
+    finally:
+        client.close()
+    home = pipeline.run_dir(settings, run_id)
+    if supervisor is not None:
+        log.info("Stopping run %s: SIGTERM to its supervisor %d", run_id, supervisor.pid)
+        try:
+            os.kill(supervisor.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 2 * timeout_s + 30
+        while time.monotonic() < deadline and supervisor_record(settings, run_id) is not None:
+            time.sleep(0.5)
+        if supervisor_record(settings, run_id) is not None:
+            log.warning("The supervisor of run %s did not exit; stopping it", run_id)
+        process.stop(home, SUPERVISOR, timeout_s=10)  # also drops its pid file
+    if driver_record(settings, run_id) is not None:
+        stop_driver(settings, run_id, timeout_s)
+    log.info("Run %s stopped", run_id)
+    return True
+
+
+def stop_driver(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
+    """Stop the run's driver gracefully: SIGTERM to the job's Python driver, then its group.
 
     The job stops at a batch boundary on SIGTERM and writes its summary (state `stopped`); the
     spark-submit JVM that leads the session then exits by itself. Signalling the whole group at
@@ -229,14 +397,14 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
     record's `pid`, written by the job) is signalled first, and only if it is a member of the
     driver's session. Whatever still runs after `timeout_s` is stopped by
     `keyshift.stack.process.stop` (SIGTERM to the group, SIGKILL after another `timeout_s`).
-    `stop_requested_at` is recorded first, so the monitor reads the driver's end as requested.
+    Used by the supervisor on a stop request, and by `stop_job` for a driver left unsupervised.
+    It does not record a stop request: `stop_job` does.
 
     Args:
-        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait at each
-            step.
+        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait at each step.
 
     Returns:
-        True if a live driver was stopped, False if there was none (already ended, or unknown).
+        True if a live driver was stopped, False if there was none.
 
     Raises:
         StackError: Redis unreachable.
@@ -247,9 +415,7 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
         return False
     client = _redis(settings)
     try:
-        key = names.redis_run_key(run_id)
-        client.hset(key, "stop_requested_at", _utcnow_iso())
-        job_pid = int(client.hget(key, "pid") or 0)
+        job_pid = int(client.hget(names.redis_run_key(run_id), "pid") or 0)
     finally:
         client.close()
     if job_pid and job_pid != live.pid and _in_session(job_pid, live.pid):
@@ -261,7 +427,7 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
     if driver_record(settings, run_id) is not None:
         log.info("Stopping run %s: SIGTERM to the process group of %d", run_id, live.pid)
     process.stop(pipeline.run_dir(settings, run_id), DRIVER, timeout_s=timeout_s)
-    log.info("Run %s stopped", run_id)
+    log.info("Driver of run %s stopped", run_id)
     return True
 
 

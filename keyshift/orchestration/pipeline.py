@@ -226,6 +226,9 @@ def spark_submit_args(
     partitions: int | str,
     bound_ms: int | str,
     limit: int | str | None = None,
+    *,
+    topic: str | None = None,
+    max_offsets_per_trigger: int | None = None,
 ) -> list[str]:
     """The flight delay job's own arguments (after the application path).
 
@@ -236,9 +239,12 @@ def spark_submit_args(
         run_id: the keyshift run id (`job_run_id`).
         strategy: placement strategy name. partitions: P. bound_ms: watermark bound in ms.
         limit: events to process then exit; `None` (or 0) runs until stopped.
+        topic: the input topic; None: the job's default (`names.FLIGHTS_TOPIC`).
+        max_offsets_per_trigger: records per micro-batch at most; None: the job's default.
 
     Returns:
-        `["--run-id", run_id, "--strategy", s, "--partitions", P, "--bound-ms", b, ("--limit", N)]`.
+        `["--run-id", run_id, "--strategy", s, "--partitions", P, "--bound-ms", b, ("--limit", N),
+        ("--topic", t), ("--max-offsets-per-trigger", n)]`.
     """
     args = [
         "--run-id", str(run_id),
@@ -248,7 +254,18 @@ def spark_submit_args(
     ]
     if limit not in (None, 0, "0", ""):
         args += ["--limit", str(limit)]
+    if topic:
+        args += ["--topic", str(topic)]
+    if max_offsets_per_trigger:
+        args += ["--max-offsets-per-trigger", str(max_offsets_per_trigger)]
     return args
+
+
+def resume_args(run_id: str) -> list[str]:
+    """The flight delay job's arguments to continue run `run_id` from its checkpoint after its
+    driver died: `["--resume", run_id]` (the job reads the rest from `runs/<run_id>/job.json`).
+    The supervisor of a detached run restarts its driver with these (`supervisor.py`)."""
+    return ["--resume", str(run_id)]
 
 
 def connector_jars_option() -> str:

@@ -2,7 +2,9 @@
 
 A continuous job runs for hours; a worker slot must not sit in a poll loop for it. `execute()`
 therefore only defers to `JobProgressTrigger`; the triggerer polls, logs progress and lag into
-this task's log, and resumes the task in `execute_complete()` once the job has ended. The shape
+this task's log (and each restart of a dead driver by the run's supervisor: "driver died (signal
+9), restart 1 of 3 in 10 s from its checkpoint"), and resumes the task in `execute_complete()`
+once the job has ended. The shape
 follows the Kafka provider's `AwaitMessageSensor`: a `BaseOperator` whose work is all deferred.
 """
 
@@ -33,7 +35,8 @@ class JobProgressSensor(BaseOperator):
     Returns (from `execute_complete`): the trigger's event payload, pushed as XCom.
 
     Raises (from `execute_complete`): AirflowException naming the run, the reason and the
-    driver log when the job failed, its driver died, or Redis was unreachable.
+    driver log when the job failed, its driver died (past the restart limit, for a supervised
+    run: the reason then says how the last attempt died and the limit), or Redis was unreachable.
     """
 
     template_fields: Sequence[str] = ("run_id",)
@@ -81,6 +84,9 @@ class JobProgressSensor(BaseOperator):
             log_path = event.get("log_path")
             if not log_path or log_path not in message:
                 message += f" (driver log: {log_path or 'unknown'})"
+            if event.get("restarts"):
+                message += f"; the driver was restarted {event['restarts']} time(s) before"
             raise AirflowException(message)
-        self.log.info("%s; last batch %s", event.get("message"), event.get("last_batch"))
+        self.log.info("%s; last batch %s; driver restarts %s", event.get("message"), event.get("last_batch"),
+                      event.get("restarts", 0))
         return event

@@ -17,6 +17,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from keyshift import names
+from keyshift.orchestration.supervisor import describe_restart, restart_history
 
 CLASSPATH = "keyshift.orchestration.triggers.JobProgressTrigger"
 
@@ -27,15 +28,26 @@ class JobProgressTrigger(BaseTrigger):
     Every `poll_interval` seconds it reads the run record (`names.redis_run_key`) and the latest
     progress (`names.redis_progress_key`, field `latest`); on each new batch, and at least every
     `REPORT_EVERY_S` seconds, it logs the batch, the watermark and the consumer lag (input topic
-    end offsets − the job's offsets, per partition and in total). Whether the driver process still
-    runs is read from its pid file (`launch.record_alive`, off the event loop).
+    end offsets − the job's offsets, per partition and in total). Whether the run's supervisor or
+    driver process still runs is read from their pid files (`launch.record_alive`, off the event
+    loop).
 
-    Outcomes (the event payload's `status`):
+    Restarts: a supervised run's driver that dies is restarted from its checkpoint by its
+    supervisor (`supervisor.py`, Flink's fixed-delay restart strategy), which counts it in the
+    record (`restarts`, `restart_history`). Each new restart is logged here, once, as
+    "driver died (signal 9), restart 1 of 3 in 10 s from its checkpoint", and a `failed` state
+    written by a dying job does not end the watch while its supervisor lives: the supervisor
+    either restarts the driver or, past `max_restarts`, records the final `failed` and exits.
+
+    Outcomes (the event payload's `status`; the payload also carries `restarts` and
+    `restart_history`):
       - `succeeded`: the job recorded `state=succeeded` (a bounded run drained) or `stopped` (a
         continuous run ended on SIGTERM), or its driver ended after a requested stop
         (`stop_requested_at`).
-      - `failed`: the job recorded `state=failed`; or the driver process is gone while the record
-        still says starting/running (a crash); or no run record appeared within `start_grace_s`.
+      - `failed`: the run recorded `state=failed` and no supervisor is left to restart it (the
+        supervisor's `error` names the restart limit and the driver log); or every process of the
+        run is gone while the record still says starting/running/restarting (a crash with no
+        supervisor); or no run record appeared within `start_grace_s`.
       - `error`: Redis could not be read for `redis_error_limit` polls in a row.
 
     Args:
@@ -97,6 +109,8 @@ class JobProgressTrigger(BaseTrigger):
             "pid": int(record["pid"]) if record.get("pid") else None,
             "log_path": record.get("log_path"),
             "summary_path": record.get("summary_path"),
+            "restarts": int(record.get("restarts") or 0),
+            "restart_history": restart_history(record),
             "message": message,
             **extra,
         }
@@ -117,6 +131,7 @@ class JobProgressTrigger(BaseTrigger):
         redis_errors = 0
         last_batch: dict[str, Any] = {}
         last_latest, last_report = None, 0.0
+        restarts_logged = 0
         self.log.info("Watching run %s (record %s) every %.1f s", self.run_id, run_key, self.poll_interval)
         try:
             while True:
@@ -140,6 +155,7 @@ class JobProgressTrigger(BaseTrigger):
                         return
                     self.log.info("No run record for %s yet (%.0f s)", self.run_id, waited)
                 else:
+                    restarts_logged = self._report_restarts(record, restarts_logged)
                     if latest and (latest != last_latest or time.monotonic() - last_report >= self.REPORT_EVERY_S):
                         last_batch = await self._report(settings, latest)
                         last_latest, last_report = latest, time.monotonic()
@@ -156,10 +172,17 @@ class JobProgressTrigger(BaseTrigger):
             await self.cleanup()
 
     def _outcome(self, record: dict[str, str], alive: bool | None) -> tuple[str, str] | None:
-        """(status, message) if the run has ended, else None."""
+        """(status, message) if the run has ended, else None.
+
+        `alive`: whether the run's supervisor or driver still runs (`launch.record_alive`).
+        """
         state, log_path = record.get("state"), record.get("log_path")
+        if state == "stopped" and record.get("stop_requested_at"):
+            return "succeeded", f"run {self.run_id} stopped on request at {record['stop_requested_at']}"
         if state in ("succeeded", "stopped"):
             return "succeeded", f"run {self.run_id} {state}"
+        if state == "failed" and alive and record.get("supervisor_pid"):
+            return None  # its supervisor decides: a restart, or the final failure once it exits
         if state == "failed":
             error = f": {record['error']}" if record.get("error") else ""
             return "failed", f"run {self.run_id} recorded state failed{error}; see {log_path}"
@@ -171,6 +194,16 @@ class JobProgressTrigger(BaseTrigger):
                 f"{state!r}; see {log_path}"
             )
         return None
+
+    def _report_restarts(self, record: dict[str, str], logged: int) -> int:
+        """Log each restart recorded since the `logged` first ones; return how many are logged now."""
+        history = restart_history(record)
+        count = max(int(record.get("restarts") or 0), len(history))
+        for number in range(logged + 1, count + 1):
+            entry = next((e for e in history if e.get("restart") == number), {})
+            self.log.warning("Run %s: %s; driver log %s", self.run_id,
+                             describe_restart(entry, number, record), entry.get("log_path") or record.get("log_path"))
+        return max(count, logged)
 
     async def _report(self, settings, latest: str) -> dict[str, Any]:
         """Log the latest batch and the consumer lag; return the batch's summary for the event."""

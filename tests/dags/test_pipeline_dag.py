@@ -63,7 +63,8 @@ def test_dag_shape(dag):
 
 def test_dag_params_defaults(dag):
     params = dag.params.dump()
-    assert params == {"strategy": "hash", "partitions": 8, "limit": 20000, "rate": None, "bound_ms": 3_600_000}
+    assert params == {"strategy": "hash", "partitions": 8, "limit": 20000, "rate": None, "bound_ms": 3_600_000,
+                      "max_restarts": 3, "restart_delay_s": 10.0}
     # The trigger form accepts a continuous run (null limit) and rejects a negative one.
     schema = dag.params.get_param("limit").schema
     assert "null" in schema["type"] and schema["minimum"] == 0
@@ -151,6 +152,10 @@ def test_trigger_rejects_zero_poll_interval():
         ({"state": "failed", "error": "JobError: boom"}, True, "failed"),  # the job says so, even while still exiting
         ({"state": "running"}, False, "failed"),  # crashed without a final state
         ({"state": "running", "stop_requested_at": "t"}, False, "succeeded"),  # stopped by stop_job
+        ({"state": "failed", "supervisor_pid": "7"}, True, None),  # a supervised driver died: its supervisor decides
+        ({"state": "restarting", "supervisor_pid": "7"}, True, None),  # in the restart delay
+        ({"state": "failed", "supervisor_pid": "7", "error": "driver died (signal 9) on attempt 2 of 2"}, False, "failed"),  # past the limit
+        ({"state": "restarting", "supervisor_pid": "7"}, False, "failed"),  # the supervisor was killed in the delay
     ],
 )
 def test_trigger_outcome_table(record, alive, status):
