@@ -24,7 +24,7 @@ record is the Redis hash `names.redis_run_key(run_id)`:
 | supervisor_pid, supervisor_pid_create_time, supervisor_log_path | launcher | the supervisor |
 | pid, pid_create_time, host | supervisor, per attempt (the job overwrites `pid` with its Python driver's) | the driver process and its host |
 | attempt | supervisor | the driver's current attempt (1 = the first run) |
-| restarts, restart_history, last_exit | supervisor | restarts so far; a JSON list of `{restart, at, exit_code, signal, signal_name, delay_s, from, log_path}`; how the last driver ended |
+| restarts, restart_history, last_exit | supervisor | restarts so far; a JSON list of `{restart, at, exit_code, signal, signal_name, delay_s, from, log_path, error}`; how the last driver ended |
 | resumes | the job (`--resume`) | times the job resumed from its checkpoint (= restarts from a checkpoint) |
 | log_path | launcher | the driver log |
 | state | launcher (`starting`), the job (`running`, `succeeded`, `stopped`, `failed`), the supervisor (`restarting` during the delay; `failed` past the limit; `stopped` if a stopped driver wrote nothing) | lifecycle |

@@ -29,8 +29,10 @@ What the supervisor writes into the run record (`names.redis_run_key`, beside th
 the job's fields): `pid`/`pid_create_time` of each driver it starts (the job then overwrites `pid`
 with its Python driver's), `attempt` (1 = the first run), and per restart `restarts` (+1),
 `restart_history` (a JSON list of `{restart, at, exit_code, signal, signal_name, delay_s, from,
-log_path}`), `last_exit` and `state=restarting` until the new driver writes `running`; when the
-policy gives up, `state=failed`, `error` (naming the driver log) and `finished_at`.
+log_path, error}`, `error` being what the dead job recorded, if anything; the run's own `error` and
+`finished_at` are cleared), `last_exit` and `state=restarting` until the new driver writes
+`running`; when the policy gives up, `state=failed`, `error` (naming the driver log) and
+`finished_at`.
 """
 
 from __future__ import annotations
@@ -347,12 +349,14 @@ class Supervisor:
         entry = {
             "restart": restart, "at": _utcnow_iso(), "exit_code": ended.exit_code, "signal": ended.signal,
             "signal_name": ended.signal_name, "delay_s": delay_s, "from": source, "log_path": str(self.log_path),
+            "error": (self._get("error") or "")[:500] or None,  # what the dead job said, if it could
         }
         message = describe_restart(entry, restart, {"max_restarts": self.spec.policy.max_restarts})
         log.warning("Run %s: %s", self.spec.run_id, message)
         self._note(message)
         history = self._history() + [entry]
         self._update(state="restarting", last_exit=ended.describe(), restart_history=json.dumps(history))
+        self._delete("error", "finished_at")  # the dead attempt's end is in its history entry, not the run's
         self._incr("restarts")
 
     def _sleep(self, seconds: float) -> None:
@@ -439,6 +443,15 @@ class Supervisor:
             self._client().hset(self.key, mapping={k: str(v) for k, v in fields.items()})
         except (redis.RedisError, OSError) as exc:
             log.warning("Cannot record %s in %s: %s", sorted(fields), self.key, exc)
+            self._redis = None
+
+    def _delete(self, *fields: str) -> None:
+        import redis
+
+        try:
+            self._client().hdel(self.key, *fields)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("Cannot clear %s in %s: %s", fields, self.key, exc)
             self._redis = None
 
     def _incr(self, field: str) -> None:

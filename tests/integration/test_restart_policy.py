@@ -47,8 +47,12 @@ args = sys.argv[1:]
 run_id = args[args.index("--resume") + 1] if "--resume" in args else args[args.index("--run-id") + 1]
 (Path(os.environ["KEYSHIFT_RUNS_DIR"]) / run_id / "checkpoint" / "offsets").mkdir(parents=True, exist_ok=True)
 print("stand-in driver", os.getpid(), args, flush=True)
-if os.environ.get("STAND_IN_EXIT"):
+if os.environ.get("STAND_IN_EXIT"):  # fail as the job does: an error in the run record, a non-zero exit
     time.sleep(2)
+    from keyshift.names import redis_run_key
+    from keyshift.runs import redis_client
+    from keyshift.settings import Settings
+    redis_client(Settings()).hset(redis_run_key(run_id), mapping={"state": "failed", "error": f"stand-in {os.getpid()} failed"})
     sys.exit(int(os.environ["STAND_IN_EXIT"]))
 time.sleep(600)
 """
@@ -251,12 +255,15 @@ def test_stand_in_past_the_limit_counts_every_attempt(run_settings, run_id, tmp_
     job = launch.launch_job(settings, run_id, strategy="hash", partitions=2, bound_ms=1000, application=_stand_in(tmp_path),
                             policy=RestartPolicy(max_restarts=2, restart_delay_s=0.5), startup_check_s=0.5)
     event = Watch(settings, run_id).result(120)
+    # each attempt records `failed` as it dies; the watch ends only on the supervisor's final one
     assert event["status"] == "failed" and str(job.log_path) in event["message"], event
+    assert event["restarts"] == 2 and "max_restarts=2" in event["message"], event
     record = launch.read_run_record(settings, run_id)
     history = json.loads(record["restart_history"])
     assert record["state"] == "failed" and record["restarts"] == "2" and record["attempt"] == "3", record
     assert [(e["restart"], e["exit_code"], e["signal"]) for e in history] == [(1, 3, None), (2, 3, None)]
-    assert "exit code 3" in record["error"] and "attempt 3 of 3" in record["error"]
+    assert all(e["error"].startswith("stand-in ") for e in history)  # each dead attempt's own error, kept
+    assert "exit code 3" in record["error"] and "attempt 3 of 3" in record["error"]  # the run's: the supervisor's
     assert Path(job.log_path).read_text().count("==== keyshift starting driver") == 3
 
 
