@@ -567,6 +567,7 @@ def build_summary(
         "epoch": config.epoch,
         "topic": config.topic,
         "bound_ms": config.bound_ms,
+        "window_ms": config.window_ms,
         "max_offsets_per_trigger": config.max_offsets_per_trigger,
         "events_produced": int(replay["events_produced"]) if replay.get("events_produced") else None,
         "records_read": watch["records_read"],
