@@ -372,7 +372,7 @@ def run_flight_delays(
         sampler.start()
         side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id, client_options(settings))
         sink = FlightDelaySink(run_dir, config.run_id, config.epoch, config.partitions, side_outputs)
-        stream = flight_delay_stream(read_kafka(spark, settings, config.topic, start, config.max_offsets_per_trigger), config)
+        stream = flight_delay_stream(read_kafka(spark, settings, config.topic, start, config.max_offsets_per_trigger), config, checkpoint_dir=checkpoint)
         started = time.monotonic()
         query = (
             stream.writeStream.foreachBatch(sink)

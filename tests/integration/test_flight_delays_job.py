@@ -44,6 +44,7 @@ MALFORMED = [
 def _read_run_records(settings, topic: str, run_id: str) -> list[dict]:
     consumer = KafkaConsumer(
         topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest", consumer_timeout_ms=5_000,
+        isolation_level="read_committed",  # the job's side outputs are transactional
     )
     records = [json.loads(m.value) for m in consumer]
     consumer.close()
