@@ -201,8 +201,8 @@ def launch_job(
 ) -> LaunchedJob:
     """Start the job's supervisor and driver detached, record them in Redis, return without waiting.
 
-    Idempotent per run id: if the record shows a live run (state starting/running/restarting with
-    its supervisor or driver alive), it is adopted rather than started twice.
+    Idempotent per run id: a run whose supervisor is alive, or whose record says
+    starting/running/restarting with its driver alive, is adopted rather than started twice.
 
     Args:
         settings: Redis, runs folder and `spark_master`; handed to the supervisor and the driver
@@ -235,7 +235,9 @@ def launch_job(
     try:
         existing = client.hgetall(key)
         live, supervisor = driver_record(settings, run_id), supervisor_record(settings, run_id)
-        if existing.get("state") in ACTIVE_STATES and (live or supervisor) is not None:
+        # a live supervisor owns the run whatever the state says (a dying job writes `failed`
+        # just before its supervisor restarts it)
+        if supervisor is not None or (existing.get("state") in ACTIVE_STATES and live is not None):
             pid = live.pid if live is not None else int(existing.get("pid") or 0)
             log.info("Run %s already runs (driver pid %s, supervisor pid %s); adopting it", run_id,
                      live.pid if live else None, supervisor.pid if supervisor else None)
