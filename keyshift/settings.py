@@ -11,6 +11,7 @@ to a child process or an Airflow trigger rebuilds the same `Settings`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from pydantic import Field, SecretStr, field_serializer
@@ -91,6 +92,15 @@ class Settings(BaseSettings):
         if self.redis_password is not None:
             auth = f":{quote(self.redis_password.get_secret_value(), safe='')}@"
         return f"redis://{auth}{self.redis_host}:{self.redis_port}/0"
+
+    SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("kafka_sasl_password", "redis_password", "airflow_password")
+    """The passwords: never written where they are kept (an Airflow trigger's kwargs, a log)."""
+
+    def without_secrets(self) -> dict[str, Any]:
+        """These settings as JSON values without `SECRET_FIELDS`, for what gets stored: an Airflow
+        trigger's kwargs go to Airflow's metadata database. `Settings(**values)` in the process
+        that reads them back takes the passwords from its own `KEYSHIFT_*` environment."""
+        return self.model_dump(mode="json", exclude=set(self.SECRET_FIELDS))
 
     @property
     def redis_address(self) -> str:

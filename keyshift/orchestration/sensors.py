@@ -66,7 +66,7 @@ class JobProgressSensor(BaseOperator):
         self.defer(
             trigger=JobProgressTrigger(
                 run_id=self.run_id,
-                settings=Settings().model_dump(mode="json"),
+                settings=Settings().without_secrets(),  # stored in Airflow's database: no passwords
                 topic=self.topic,
                 poll_interval=self.poll_interval,
                 start_grace_s=self.start_grace_s,

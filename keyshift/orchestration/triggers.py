@@ -52,7 +52,8 @@ class JobProgressTrigger(BaseTrigger):
 
     Args:
         run_id: the keyshift run id.
-        settings: `Settings.model_dump(mode="json")` of the launching task (Redis URL, broker).
+        settings: `Settings.without_secrets()` of the launching task (Redis address, broker); the
+            passwords come from the triggerer's own `KEYSHIFT_*` environment.
         topic: the job's input topic, for the lag.
         poll_interval: seconds between polls (> 0).
         start_grace_s: seconds to wait for the run record to appear.
@@ -143,7 +144,7 @@ class JobProgressTrigger(BaseTrigger):
                     redis_errors += 1
                     self.log.warning("Redis read %d/%d failed: %s", redis_errors, self.redis_error_limit, exc)
                     if redis_errors >= self.redis_error_limit:
-                        yield self._event("error", {}, f"Redis at {settings.redis_url} unreachable: {exc}")
+                        yield self._event("error", {}, f"Redis at {settings.redis_address} unreachable: {exc}")
                         return
                     await asyncio.sleep(self.poll_interval)
                     continue
