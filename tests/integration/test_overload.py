@@ -4,9 +4,9 @@ A continuous run (no `--limit`) reads a fresh topic from its start while real fl
 replayed into it at `RATE` events/s for `SECONDS` s; the job is held to `PER_TRIGGER` records per
 micro-batch, and a micro-batch of the flight job takes at least about 2 s on this machine kind
 (8 stateful tasks on 2 cores, the side-output transaction, the commit), so the job sustains
-about half the replay's rate (measured here: 585 events/s). The consumer lag must grow while the replay runs, be reported
-by the balance monitor, and drain to zero afterwards; then the run is stopped with SIGTERM and must reconcile
-(events read = Σ window counts + late + dead letters + pending = events produced) with every
+about half the replay's rate (measured here: 585 events/s). The consumer lag must grow while the
+replay runs, be reported by the balance monitor, and drain to zero afterwards; then the run is
+stopped with SIGTERM and must reconcile (events read = Σ window counts + late + dead letters + pending = events produced) with every
 window it closed equal, field by field, to the same window of a clean bounded run over the same
 records, and the events of the windows it did not close yet all pending in its state.
 The bound is one day, so no event is late under either run however the batches are cut.
