@@ -180,6 +180,10 @@ def test_cli_show_reads_redis_then_falls_back_to_parquet(stack_settings, topic, 
     fallback = CliRunner().invoke(cli, ["balance", "show", "--topic", topic])
     assert fallback.exit_code == 0 and "(read from parquet (Redis does not answer))" in fallback.output, fallback.output
     assert "switch to least_count" in fallback.output, fallback.output
+    nothing = CliRunner().invoke(cli, ["balance", "show", "--topic", "keyshift-never-monitored"])
+    assert nothing.exit_code != 0 and "keyshift stack up" in str(nothing.exception), nothing.exception
+    assert "the Parquet history holds nothing either" in str(nothing.exception)
+    monkeypatch.delenv("KEYSHIFT_REDIS_PORT")  # Redis back: a topic never evaluated names the command that does
     missing = CliRunner().invoke(cli, ["balance", "show", "--topic", "keyshift-never-monitored"])
     assert missing.exit_code != 0 and "keyshift balance evaluate --topic keyshift-never-monitored" in str(missing.exception)
 
