@@ -36,7 +36,7 @@ demo: stack
 	$(BIN)/keyshift run demo
 
 test: stack
-	$(BIN)/python -m pytest -ra tests
+	$(BIN)/python -m pytest -ra --durations=20 tests
 
 unit: env
 	$(BIN)/python -m pytest -ra tests/unit tests/dags
