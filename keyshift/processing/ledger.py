@@ -17,16 +17,16 @@ the same watermark, so the files of a resumed run are those of a run that never 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
 @dataclass
-class BatchCounts:
-    """What one micro-batch produced (events, except `windows_emitted` in windows and
+class Counts:
+    """What micro-batches produced (events, except `windows_emitted` in windows and
     `merged_window_pieces` in window rows of split keys folded into another slot's row)."""
 
-    batch_id: int
     windows_emitted: int = 0
     sum_window_counts: int = 0
     alerts: int = 0
@@ -38,32 +38,30 @@ class BatchCounts:
 
     @property
     def processed_events(self) -> int:
-        """Events the batch's slots processed (Σ per-slot events)."""
+        """Events the slots processed (Σ per-slot events)."""
         return sum(self.per_slot_events)
-
-
-@dataclass
-class RunCounters:
-    """Totals of one run over its micro-batches (same units as `BatchCounts`)."""
-
-    windows_emitted: int = 0
-    sum_window_counts: int = 0
-    alerts: int = 0
-    late_events: int = 0
-    dead_letters: int = 0
-    merged_window_pieces: int = 0
-    processed_events: int = 0
-    per_slot_events: list[int] = field(default_factory=list)
-    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
-    batches: int = 0
 
     @property
     def accounted_events(self) -> int:
         """Events the outputs account for: Σ window counts + late + dead letters."""
         return self.sum_window_counts + self.late_events + self.dead_letters
 
+
+@dataclass
+class BatchCounts(Counts):
+    """What one micro-batch produced; `batch_id` is Spark's."""
+
+    batch_id: int = -1
+
+
+@dataclass
+class RunCounters(Counts):
+    """Totals of one run over its micro-batches (`batches` of them)."""
+
+    batches: int = 0
+
     def add(self, batch: BatchCounts) -> None:
-        """Add one batch's counts (per-slot lists of unequal length are padded with zeros)."""
+        """Add one batch's counts (`per_slot_events` of both have P entries)."""
         self.batches += 1
         self.windows_emitted += batch.windows_emitted
         self.sum_window_counts += batch.sum_window_counts
@@ -71,12 +69,21 @@ class RunCounters:
         self.late_events += batch.late_events
         self.dead_letters += batch.dead_letters
         self.merged_window_pieces += batch.merged_window_pieces
-        self.processed_events += batch.processed_events
-        width = max(len(self.per_slot_events), len(batch.per_slot_events))
-        padded = self.per_slot_events + [0] * (width - len(self.per_slot_events))
-        self.per_slot_events = [a + b for a, b in zip(padded, batch.per_slot_events + [0] * (width - len(batch.per_slot_events)))]
+        self.per_slot_events = [a + b for a, b in zip(self.per_slot_events, batch.per_slot_events, strict=True)]
         for reason, count in batch.dead_letters_by_reason.items():
             self.dead_letters_by_reason[reason] = self.dead_letters_by_reason.get(reason, 0) + count
+
+
+def run_totals(batches: Iterable[BatchCounts], partitions: int) -> RunCounters:
+    """The sum of `batches` (each with P = `partitions` per-slot counts).
+
+    Raises:
+        ValueError: a batch's per-slot counts are not P long.
+    """
+    counters = RunCounters(per_slot_events=[0] * partitions)
+    for batch in batches:
+        counters.add(batch)
+    return counters
 
 
 class RunLedger:
@@ -106,8 +113,5 @@ class RunLedger:
         return [BatchCounts(**json.loads(path.read_text())) for path in sorted(self.dir.glob("*.json"))]
 
     def totals(self, partitions: int) -> RunCounters:
-        """The run's totals: the sum over every recorded batch (`per_slot_events` of length P)."""
-        counters = RunCounters(per_slot_events=[0] * partitions)
-        for batch in self.batches():
-            counters.add(batch)
-        return counters
+        """The run's totals: the sum over every recorded batch (`run_totals`)."""
+        return run_totals(self.batches(), partitions)

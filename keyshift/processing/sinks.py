@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame
 
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.processing.failpoints import failpoint
-from keyshift.processing.ledger import BatchCounts, RunCounters, RunLedger
+from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
 from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WINDOW, window_alerts
 
 log = logging.getLogger(__name__)
@@ -128,16 +128,10 @@ class FlightDelaySink:
         self.side_outputs = side_outputs
         self.ledger = RunLedger(run_dir)
         self._batches = {batch.batch_id: batch for batch in self.ledger.batches()}
-        self.counters = self._total()
+        self.counters = run_totals(self._batches.values(), partitions)
         self.batch_slot_events: dict[int, list[int]] = {b: list(c.per_slot_events) for b, c in self._batches.items()}
         self.last_batch_id = max(self._batches, default=-1)
         self._lock = threading.Lock()
-
-    def _total(self) -> RunCounters:
-        counters = RunCounters(per_slot_events=[0] * self.partitions)
-        for batch in self._batches.values():
-            counters.add(batch)
-        return counters
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Route one micro-batch of processor output; called by Spark on the driver."""
@@ -181,7 +175,7 @@ class FlightDelaySink:
             replayed = batch_id in self._batches
             self._batches[batch_id] = counts
             if replayed:  # a batch recorded before a crash: its counts replace, never add
-                self.counters = self._total()
+                self.counters = run_totals(self._batches.values(), self.partitions)
             else:
                 self.counters.add(counts)
             self.batch_slot_events[batch_id] = slot_events
