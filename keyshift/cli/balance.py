@@ -188,7 +188,19 @@ def format_record(record: dict) -> list[str]:
             lines.append(f"  ({figures['detail']})")
     if record.get("decision"):
         lines.append(_verdict(record["decision"]))
+    lines.extend(_rescale_line(record))
     return lines
+
+
+def _rescale_line(record: dict) -> list[str]:
+    """The "rescale: …" line: the parallelism the monitor recommends (paper 001), or why it has none; none for older records."""
+    rescale = record.get("rescale")
+    if rescale:
+        move = f"P {rescale['current']} -> {rescale['recommended']}" if rescale["recommended"] != rescale["current"] else f"stay at P {rescale['current']}"
+        flow = f"{rescale['flow']:,.0f} events/s of max flow {rescale['max_flow']:,.0f}" if rescale.get("max_flow") else "no flow"
+        return [f"rescale: {move} (bottleneck {rescale['bottleneck']}, lag {rescale['lag_trend']:+.1f} records/s, {flow}): {rescale['why']}"
+                + (f"; {rescale['switch']}" if rescale.get("switch") else "")]
+    return [f"rescale: no recommendation: {record['rescale_reason']}"] if record.get("rescale_reason") else []
 
 
 def _brief(record: dict) -> str:

@@ -189,7 +189,11 @@ def evaluate_topic(
         `{"record": the stored record (`evaluate.evaluation_record` shape, plus `series`, `topic`,
         sampling fields and `measured` arrivals/processed), "switch_conf": the `keyshift_switch`
         conf when the decision is to switch, else None}`. When nothing was sampled (no event
-        arrived) the record's `evaluation` is None and the decision is to stay.
+        arrived) the record's `evaluation` is None and the decision is to stay. The record's
+        `rescale` is the parallelism recommended for the stateful stage (`_rescale`, paper 001),
+        or None with `rescale_reason` saying why; a recommended P other than the one in force
+        becomes the conf's `partitions`, with the strategy switch or alone (when
+        `SwitchRequest` takes it; `rescale["switch"]` says what was asked).
 
     Raises:
         ConfigurationError: the topic does not exist; `run_id` names no recorded run; P bad.
@@ -231,6 +235,8 @@ def evaluate_topic(
         log.info("%s: consumer lag of job run %s: %d records (%s)", topic, run_id, sum(lag.values()),
                  ", ".join(f"{p}: {n}" for p, n in lag.items()))
 
+    rescale, rescale_reason, flow_cursor = _rescale(settings, cursor, run_id, lag, now_s)
+
     sampler = Sampler(every=params.sample_every) if params.sample_every else Sampler(fraction=params.sample_fraction, seed=params.seed)
     read = bounded_ranges(ranges, params.max_events)
     sample = sample_topic(settings, topic, read, sampler)
@@ -242,6 +248,7 @@ def evaluate_topic(
         "events_seen": sampler.seen, "events_sampled": sampler.sampled, "job_run_id": run_id,
         "ranges_read": {str(p): list(r) for p, r in sample.ranges.items()},
         "consumer_lag": {"total": sum(lag.values()), "per_partition": {str(p): n for p, n in lag.items()}} if lag is not None else None,
+        "rescale": rescale, "rescale_reason": rescale_reason,
     }
 
     trigger = trigger_by_name(params.trigger, **params.trigger_options())
@@ -270,6 +277,22 @@ def evaluate_topic(
         record = evaluation_record(evaluation, decision, at=at, context=context, measured=measured, history_file=history_file)
     else:
         record = _record_without_sample(at, context, decision, measured)
+    conf = switch_conf(record, params, monitor_run_id) if decision.switch else None
+    if rescale is not None and rescale["recommended"] != rescale["current"]:
+        # a change of P goes through the same switch: with the strategy switch, or on its own
+        alone = conf is None
+        conf = conf or {
+            "topic": topic, "strategy_from": params.strategy, "strategy": params.strategy, "reason": rescale["why"], "expected_gain_s": 0.0,
+            "trigger": params.trigger, "decided_at": record["at"], "monitor_run_id": monitor_run_id,
+        }
+        conf["partitions"] = rescale["recommended"]
+        try:
+            SwitchRequest(**conf)
+            rescale["switch"] = f"requested: P {rescale['current']} -> {rescale['recommended']}" + ("" if alone else f" with the switch to {decision.strategy}")
+        except ValidationError as exc:
+            rescale["switch"] = f"not requested: keyshift_switch refuses a change of P alone ({exc.errors()[0]['msg']})"
+            conf = None
+        log.info("%s: rescale %s", topic, rescale["switch"])
     switch = LastSwitch(now_s, params.strategy, decision.strategy) if decision.switch else None
     if save:
         store.save(record, cursor={
@@ -279,8 +302,67 @@ def evaluate_topic(
             "job_per_slot_events": list(counts.per_slot_events) if counts is not None else None,
             "trigger": params.trigger,
             "trigger_state": trigger.state(),
+            **flow_cursor,
         }, switch=switch)
-    return {"record": record, "switch_conf": switch_conf(record, params, monitor_run_id) if decision.switch else None}
+    return {"record": record, "switch_conf": conf}
+
+
+def _rescale(
+    settings: Settings, cursor: dict[str, Any], run_id: str | None, lag: dict[int, int] | None, now_s: float, *,
+    slots_per_core: float = 4.0, kept: int = 12,
+) -> tuple[dict[str, Any] | None, str | None, dict[str, Any]]:
+    """When to rescale (paper 001): `keyshift.monitoring.flow.recommend_parallelism` on the job run's batches.
+
+    Reads `runs/<run_id>/progress.jsonl` (its newest `flow.MAX_BATCHES` lines) and, once the run
+    wrote it, `task_seconds.json`; the consumer lag of this evaluation joins the cursor's
+    `lag_history` (the last `kept` observations of the run at its P; a new run or P starts a new
+    one) and the learned capacities come from and go back to the cursor's `flow_state`. The job's
+    cores: N of `local[N]`, else this machine's CPU count (`local[*]`, or a cluster: an estimate).
+    `slots_per_core` caps P at cores × 4: keyshift runs P = 8 on `local[2]`, and Spark's tuning
+    guide suggests 2-3 tasks per core, so this is the most slots a core may serve here.
+
+    Returns:
+        (the recommendation as a record, or None; why there is none, or None; the cursor fields
+        `lag_history` and `flow_state` to save).
+    """
+    import os
+    import re
+    from collections import deque
+
+    from keyshift.monitoring.flow import MAX_BATCHES, recommend_parallelism
+
+    progress: list[dict[str, Any]] = []
+    path = settings.runs_dir / (run_id or "-") / "progress.jsonl"
+    if run_id and path.is_file():
+        with path.open(encoding="utf-8") as lines:
+            for line in deque(lines, maxlen=MAX_BATCHES):
+                try:
+                    progress.append(json.loads(line))
+                except ValueError:  # a line the driver is still appending
+                    continue
+    partitions = len(progress[-1].get("processed_rows_per_slot") or []) if progress else None
+    history = cursor.get("lag_history") or {}
+    same = history.get("run_id") == run_id and history.get("partitions") == partitions
+    points = [tuple(point) for point in history.get("points", [])] if same else []
+    if lag is not None and run_id:
+        points.append((now_s, sum(lag.values())))
+    update: dict[str, Any] = {"lag_history": {"run_id": run_id, "partitions": partitions, "points": [list(p) for p in points[-kept:]]}}
+    if not progress:
+        return None, f"no progress of a job run on the topic yet (run id {run_id})", update
+    timed = settings.runs_dir / run_id / "task_seconds.json"
+    try:
+        task_seconds = json.loads(timed.read_text(encoding="utf-8")) if timed.is_file() else None
+    except ValueError:  # being written at the run's end
+        task_seconds = None
+    local = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", settings.spark_master)
+    cores = int(local.group(1)) if local and local.group(1) and local.group(1) != "*" else (1 if settings.spark_master == "local" else os.cpu_count() or 1)
+    found = recommend_parallelism(progress, points[-kept:], cursor.get("flow_state"), cores=cores, slots_per_core=slots_per_core,
+                                  task_seconds=task_seconds)
+    update["flow_state"] = found.state
+    log.info("run %s: rescale %s -> %s (%s)", run_id, found.current, found.recommended, found.why)
+    if found.recommended is None:
+        return None, found.why, update
+    return {**found.as_record(), "cores": cores, "slots_per_core": slots_per_core}, None, update
 
 
 def _record_without_sample(at: datetime, context: dict[str, Any], decision: object, measured: list) -> dict[str, Any]:
