@@ -65,3 +65,18 @@ def redis_balance_switch_key(topic: str) -> str:
 def redis_switch_requests_key(topic: str) -> str:
     """Redis list of switch requests the `keyshift_switch` DAG accepted for a topic (JSON, newest first)."""
     return f"{REDIS_PREFIX}:switch:{topic}:requests"
+
+
+def redis_switch_record_key(run_id: str) -> str:
+    """Redis string holding a run's current (or last) switch record (JSON, `keyshift.migration.switch`)."""
+    return f"{REDIS_PREFIX}:switch:run:{run_id}:record"
+
+
+def redis_switch_lock_key(run_id: str) -> str:
+    """Redis string held while a switch of the run is being requested and carried out (value: holder)."""
+    return f"{REDIS_PREFIX}:switch:run:{run_id}:lock"
+
+
+def redis_switch_history_key(run_id: str) -> str:
+    """Redis list of a run's finished switch records (JSON, newest first)."""
+    return f"{REDIS_PREFIX}:switch:run:{run_id}:history"

@@ -29,9 +29,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from keyshift.cli import balance, bench, data, dq, job, replay, run, stack, topics
+    from keyshift.cli import balance, bench, data, dq, job, replay, run, stack, switch, topics
 
-    for module in (stack, data, topics, replay, job, run, bench, balance, dq):
+    for module in (stack, data, topics, replay, job, run, bench, balance, dq, switch):
         cli.add_command(module.command)
 
 

@@ -195,7 +195,7 @@ def _batch_reference(checkpoint_dir: str) -> BatchReference:
     return _references[key]
 
 
-def plausibility_udf(checkpoint_dir: str | Path, bound_ms: int, limits: PlausibilityLimits):
+def plausibility_udf(checkpoint_dir: str | Path, bound_ms: int, limits: PlausibilityLimits, watermark_floor_ms: int = 0):
     """A scalar pandas UDF: event time column (long, NULL = do not judge) -> reason or NULL.
 
     Args:
@@ -203,17 +203,24 @@ def plausibility_udf(checkpoint_dir: str | Path, bound_ms: int, limits: Plausibi
             batch's watermark and timestamp; every executor must be able to read it).
         bound_ms: the watermark bound B (ms).
         limits: A, H and S.
+        watermark_floor_ms: W never counts as lower than this (ms of event time): a query that a
+            switch started from another's state starts its offset log at W = 0, but the stream's
+            watermark is the old query's.
 
     Returns:
         A function Column -> Column (string) to use inside a select before `withWatermark`.
     """
     checkpoint = str(checkpoint_dir)
+    floor = int(watermark_floor_ms)
 
     @F.pandas_udf("string")
     def judge(event_times_ms: pd.Series) -> pd.Series:
         checked = event_times_ms.notna().to_numpy()
         times = event_times_ms.to_numpy(dtype=np.float64, na_value=0.0)  # a long column with NULLs
-        reasons = implausible_reasons(times, checked, _batch_reference(checkpoint), bound_ms, limits)
+        reference = _batch_reference(checkpoint)
+        if floor > reference.watermark_ms:
+            reference = BatchReference(floor, reference.timestamp_ms)
+        reasons = implausible_reasons(times, checked, reference, bound_ms, limits)
         return pd.Series(reasons, dtype=object)
 
     return judge
@@ -227,13 +234,14 @@ def quarantine_implausible(
     time_column: str = "event_time_ms",
     reason_column: str = "dead_letter_reason",
     exempt: Column | None = None,
+    watermark_floor_ms: int = 0,
 ):
     """Set `reason_column` of every implausible event of `frame` (see the module docstring).
 
     Args:
         frame: a (streaming) DataFrame with `time_column` (long, ms) and `reason_column`
             (string, NULL for a valid record), before any `withWatermark`.
-        checkpoint_dir, bound_ms, limits: as `plausibility_udf`.
+        checkpoint_dir, bound_ms, limits, watermark_floor_ms: as `plausibility_udf`.
         exempt: rows never judged nor used as reference besides rejected ones (e.g. end-of-input
             markers); None exempts none.
 
@@ -243,5 +251,5 @@ def quarantine_implausible(
     judged = F.col(reason_column).isNull()
     if exempt is not None:
         judged = judged & ~exempt
-    judge = plausibility_udf(checkpoint_dir, bound_ms, limits)
+    judge = plausibility_udf(checkpoint_dir, bound_ms, limits, watermark_floor_ms)
     return frame.withColumn(reason_column, F.coalesce(F.col(reason_column), judge(F.when(judged, F.col(time_column)))))

@@ -89,8 +89,8 @@ def driver_jvm_pid(spark: SparkSession) -> int:
     return process.pid if process is not None else os.getppid()
 
 
-def pending_events(spark: SparkSession, checkpoint: Path) -> int:
-    """Events held in open windows in the run's state at its last committed batch.
+def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None = None) -> int:
+    """Events held in open windows in the run's state at its last committed batch (or `batch_id`).
 
     Read with Spark's state data source (`statestore`, state variable `pending_windows`), so
     it is an independent count: a stopped continuous run reconciles as events read =
@@ -99,10 +99,12 @@ def pending_events(spark: SparkSession, checkpoint: Path) -> int:
     """
     if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
         return 0
+    spark.streams.active  # noqa: B018 - creates the state store coordinator the reader's tasks ask for
+    reader = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", PENDING_STATE_NAME)
+    if batch_id is not None:
+        reader = reader.option("batchId", int(batch_id))
     state = (
-        spark.read.format("statestore")
-        .option("path", str(checkpoint))
-        .option("stateVarName", PENDING_STATE_NAME)
+        reader
         .load()
         .select("user_map_value.partials")
         .toPandas()
@@ -198,14 +200,72 @@ JOB_RECORD_FILE = "job.json"
 the replay record it read), written before its query starts; `--resume` runs from it."""
 
 
-def save_job_record(run_dir: Path, config: FlightDelayJobConfig, start: dict[int, int], replay: dict[str, str]) -> Path:
-    """Write the run's job record atomically (see `JOB_RECORD_FILE`); returns its path."""
-    record = {"config": asdict(config), "start_offsets": {str(p): o for p, o in sorted(start.items())}, "replay": replay}
+def save_job_record(
+    run_dir: Path, config: FlightDelayJobConfig, start: dict[int, int], replay: dict[str, str], segments: list[dict[str, Any]] | None = None
+) -> Path:
+    """Write the run's job record atomically (see `JOB_RECORD_FILE`); returns its path.
+
+    `segments` are the run's queries in order (`first_segment`; a switch appends one); None
+    keeps the record's current segments (or makes the first one for a new record).
+    """
     path = run_dir / JOB_RECORD_FILE
+    if segments is None:
+        segments = load_segments(run_dir) if path.exists() else [first_segment(config, start)]
+    record = {"config": asdict(config), "start_offsets": {str(p): o for p, o in sorted(start.items())}, "replay": replay,
+              "segments": segments}
     partial = path.with_suffix(".tmp")
     partial.write_text(json.dumps(record, indent=1, sort_keys=True))
     partial.replace(path)
     return path
+
+
+def first_segment(config: FlightDelayJobConfig, start: dict[int, int]) -> dict[str, Any]:
+    """The run's first segment: one streaming query, its checkpoint and what it places with.
+
+    A segment is what one query of the run does: `checkpoint` (folder name under the run),
+    `strategy`, `partitions`, `epoch`, `assignment`, `split`, `topic`, `start_offsets` (partition
+    -> offset, as text keys), `batch_base` (the run-wide id of its batch 0),
+    `watermark_floor_ms`, `initial_state` (the migrated state's file under the run, or None) and
+    `switch_id` (the switch that started it). A switch (`keyshift.migration.switch`) ends a
+    segment at a batch boundary and appends the next; the run's ledger, windows table and
+    reconciliation span them all.
+    """
+    return {
+        "index": 0, "checkpoint": "checkpoint", "strategy": config.strategy, "partitions": config.partitions,
+        "epoch": config.epoch, "assignment": config.assignment,
+        "split": {k: list(v) for k, v in (config.split or {}).items()} or None, "topic": config.topic,
+        "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": 0, "watermark_floor_ms": 0,
+        "initial_state": None, "switch_id": None,
+    }
+
+
+def load_segments(run_dir: Path) -> list[dict[str, Any]]:
+    """The segments of a started run, oldest first (a record from before switches: one segment
+    made from its config and start offsets).
+
+    Raises:
+        ConfigurationError: the run has no job record.
+    """
+    path = run_dir / JOB_RECORD_FILE
+    if not path.exists():
+        raise ConfigurationError(f"run folder {run_dir} has no {JOB_RECORD_FILE}: there is no started run there")
+    record = json.loads(path.read_text())
+    if record.get("segments"):
+        return record["segments"]
+    config, start, _ = load_job_record(run_dir)
+    return [first_segment(config, start)]
+
+
+def segment_config(config: FlightDelayJobConfig, segment: dict[str, Any]) -> FlightDelayJobConfig:
+    """The run's config with the placement of `segment` (strategy, P, epoch, assignment, split)."""
+    split = {k: tuple(v) for k, v in (segment.get("split") or {}).items()} or None
+    return replace(config, strategy=segment["strategy"], partitions=int(segment["partitions"]), epoch=int(segment["epoch"]),
+                   assignment=segment.get("assignment"), split=split)
+
+
+def segment_start(segment: dict[str, Any]) -> dict[int, int]:
+    """Where `segment`'s query starts reading, partition -> offset."""
+    return {int(p): int(o) for p, o in segment["start_offsets"].items()}
 
 
 def load_job_record(run_dir: Path) -> tuple[FlightDelayJobConfig, dict[int, int], dict[str, str]]:
@@ -366,35 +426,29 @@ def run_flight_delays(
 
             conf = spark_conf(config.partitions, jars=connector_jars(settings))
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf)
-        elif spark.conf.get("spark.sql.shuffle.partitions") != str(config.partitions):
-            spark.conf.set("spark.sql.shuffle.partitions", str(config.partitions))
         sampler = PeakMemorySampler(driver_jvm_pid(spark))
         sampler.start()
         side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id, client_options(settings))
-        sink = FlightDelaySink(run_dir, config.run_id, config.epoch, config.partitions, side_outputs)
-        stream = flight_delay_stream(read_kafka(spark, settings, config.topic, start, config.max_offsets_per_trigger), config, checkpoint_dir=checkpoint)
         started = time.monotonic()
-        query = (
-            stream.writeStream.foreachBatch(sink)
-            .queryName(f"flight_delays_{config.run_id}".replace("-", "_"))
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
-        log.info("run %s: query started (strategy %s, P=%d, bound %d ms)", config.run_id, config.strategy, config.partitions, config.bound_ms)
         try:
-            watch = _watch(query, sink, recorder, settings, config, target, stop_requested, checkpoint)
+            segments, watch, sink = _run_segments(spark, settings, config, run_dir, recorder, target, stop_requested, side_outputs)
         finally:
-            query.stop()
             sampler.stop()
             side_outputs.close()
+        last = segments[-1]
+        checkpoint = run_dir / last["checkpoint"]
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
         pending = pending_events(spark, checkpoint)
         _, consumed = committed_batches(checkpoint, config.topic)
-        watch["records_read"] = sum(consumed.get(p, o) - o for p, o in start.items())
+        consumed = consumed or segment_start(last)
+        watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
+        config = segment_config(config, last)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
-        summary.update(_task_time_summary(spark, query.name, config.partitions, run_dir))
+        summary.update(_task_time_summary(spark, watch["query_name"], config.partitions, run_dir))
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
         summary["resumes"] = recorder.resumes()
+        summary["segments"] = len(segments)
+        summary["switches"] = [s["switch_id"] for s in segments if s.get("switch_id")]
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
@@ -411,19 +465,127 @@ def run_flight_delays(
         _restore_stop_handlers(previous_handlers)
 
 
+def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_dir: Path, recorder: RunRecorder, target,
+                  stop_requested, side_outputs: TransactionalSideOutputs):
+    """Run the run's segments: the last one's query, then, whenever a switch is asked for, cut,
+    migrate and go on with the next (`keyshift.migration`), until the run is done or stopped.
+
+    Returns:
+        (segments, the watch state, the last segment's sink).
+    """
+    from keyshift.migration import in_driver
+    from keyshift.migration.state import initial_state_frame
+    from keyshift.migration.switch import SwitchControl, step_index
+    from keyshift.processing.processor import STATE_VARIABLES
+
+    start, replay = load_job_record(run_dir)[1:]
+    segments = load_segments(run_dir)
+
+    def save_segments(new_segments):
+        nonlocal segments
+        segments = new_segments
+        save_job_record(run_dir, config, start, replay, new_segments)
+
+    control = SwitchControl.from_settings(settings, config.run_id)
+    record = control.pending()
+    if record is not None and step_index(record["step"]) < step_index("segment"):
+        # a switch asked for, or cut short before its commit point: the old checkpoint is at
+        # rest and nothing is published, so do it now, before the old query starts again
+        log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record["switch_id"], record["step"])
+        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, STATE_VARIABLES, save_segments, time.time())
+        record = control.current()
+    elif record is not None and step_index(record["step"]) < step_index("published"):
+        in_driver.publish(settings, record)
+        record = control.advance(record, "published", None)
+    watch: dict[str, Any] | None = None
+    while True:
+        segment = segments[-1]
+        seg_config = segment_config(config, segment)
+        if seg_config.assignment is not None:
+            seg_config = replace(seg_config, redis_url=settings.redis_url)
+        checkpoint = run_dir / segment["checkpoint"]
+        recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment["index"])
+        spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.partitions))
+        sink = FlightDelaySink(run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
+                               side_outputs, batch_base=int(segment["batch_base"]))
+        initial = initial_state_frame(spark, run_dir / segment["initial_state"], STATE_VARIABLES) if segment.get("initial_state") else None
+        stream = flight_delay_stream(
+            read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
+            checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
+        )
+        query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
+        query = stream.writeStream.foreachBatch(sink).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
+        log.info("run %s: query %s started (strategy %s, P=%d, epoch %d, bound %d ms, batch base %d)", config.run_id, query_name,
+                 seg_config.strategy, seg_config.partitions, seg_config.epoch, config.bound_ms, int(segment["batch_base"]))
+        switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
+            and record.get("switch_id") == segment.get("switch_id") else None
+        try:
+            watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
+                           switching, lambda rec: in_driver.verify_and_finish(
+                               spark, settings, run_dir, segment, rec, control, STATE_VARIABLES, time.time(),
+                               _conservation(spark, run_dir, segments, sink)))
+        except JobError as exc:
+            query.stop()
+            if switching is None:
+                raise
+            segments = in_driver.roll_back(settings, segments, switching, control, save_segments, str(exc))
+            record = None
+            continue
+        watch["query_name"] = query_name
+        if watch.get("outcome") != "switch":
+            query.stop()
+            return segments, watch, sink
+        record = watch.pop("switch_record")
+        stop_at = time.time()
+        in_driver.stop_at_cut(query, sink, checkpoint)
+        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, STATE_VARIABLES, save_segments, stop_at)
+        record = control.current()
+
+
+def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: FlightDelaySink):
+    """The flight job's check that a switch conserved its events: pending events at the cut +
+    events processed in the new query's first batch - events that batch accounted for (windows,
+    late, dead letters) = pending events after it."""
+    def check() -> dict[str, Any]:
+        old, new = segments[-2], segments[-1]
+        before = pending_events(spark, run_dir / old["checkpoint"])
+        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0)
+        batch = next((b for b in sink.ledger.batches() if b.batch_id == int(new["batch_base"])), None)
+        processed = batch.processed_events if batch else 0
+        accounted = batch.accounted_events if batch else 0
+        return {"pending_before": before, "processed_first_batch": processed, "accounted_first_batch": accounted,
+                "pending_after": after, "ok": before + processed - accounted == after}
+
+    return check
+
+
 def _watch(
     query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target,
-    stop_requested, checkpoint: Path,
+    stop_requested, checkpoint: Path, segment: dict[str, Any], control, state: dict[str, Any] | None,
+    switching: dict[str, Any] | None, finish_switch,
 ) -> dict[str, Any]:
     """Follow the query batch by batch, publish progress, and decide when a run is done.
 
     A resumed run starts from what its checkpoint committed (batch ids, consumed offsets), so
     that a run whose crash came after its last batch still sees itself drained and flushed.
+    Progress records carry run-wide batch ids (the segment's `batch_base` + the query's id).
+    Returns the watch state with `outcome`: `done`, `stopped`, or `switch` (with the request in
+    `switch_record`) when a switch of this run is asked for in Redis. `switching`: a switch
+    whose new query this is; `finish_switch(record)` verifies it after the first commit.
     """
+    base = int(segment["batch_base"])
     committed, consumed = committed_batches(checkpoint, config.topic)
+    consumed = consumed or segment_start(segment)
     seen: set[int] = set(committed)
-    state: dict[str, Any] = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": len(committed), "watermark_ms": None}
+    if state is None:
+        state = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
+        state["batches"] = len(sink.ledger.batches())
+    state["outcome"] = None
     last_activity = time.monotonic()
+    next_poll = 0.0
+    if switching is not None and committed:
+        finish_switch(switching)  # died after the new query's first commit, before the check
+        switching = None
     while True:
         error = query.exception()
         if error is not None:
@@ -443,9 +605,12 @@ def _watch(
             recorder.progress(
                 {
                     "run_id": config.run_id,
-                    "batch_id": batch_id,
+                    "batch_id": base + batch_id,
+                    "segment": segment["index"],
+                    "epoch": config.epoch,
+                    "strategy": config.strategy,
                     "input_rows": int(record.get("numInputRows", 0)),
-                    "processed_rows_per_slot": sink.batch_slot_events.get(batch_id, [0] * config.partitions),
+                    "processed_rows_per_slot": sink.batch_slot_events.get(base + batch_id, [0] * config.partitions),
                     "offsets": {str(p): o for p, o in sorted(consumed.items())},
                     "watermark_ms": state["watermark_ms"],
                     "timestamp_ms": _iso_to_ms(record.get("timestamp")),
@@ -454,6 +619,9 @@ def _watch(
                     "events_accounted": sink.counters.accounted_events,
                 }
             )
+            if switching is not None:
+                finish_switch(switching)
+                switching = None
         if target is not None:
             if state["markers_end"] is None and consumed and _covers(consumed, target):
                 log.info("run %s: input drained at %s; writing end-of-input markers", config.run_id, consumed)
@@ -464,16 +632,31 @@ def _watch(
                 # stop only once the batch that emitted the last windows is committed (its
                 # progress is reported after the commit); stopping earlier leaves the state store
                 # at the previous version and the batch would run again on a restart
-                committed = max(seen, default=-1) >= sink.last_batch_id
-                if counters.accounted_events == counters.processed_events and committed:
+                committed_ok = base + max(seen, default=-1) >= sink.last_batch_id
+                if counters.accounted_events == counters.processed_events and committed_ok and switching is None:
                     log.info("run %s: all %d events accounted for; stopping", config.run_id, counters.processed_events)
+                    state["outcome"] = "done"
                     return state
         if stop_requested.is_set():
             log.info("run %s: stop requested; stopping at the batch boundary", config.run_id)
+            state["outcome"] = "stopped"
             return state
+        if switching is None and time.monotonic() >= next_poll:
+            next_poll = time.monotonic() + 0.25
+            try:
+                request = control.pending()
+            except Exception as exc:  # Redis restarting: switches wait, the job goes on
+                log.warning("run %s: cannot read switch requests (%s)", config.run_id, exc)
+                request = None
+            if request is not None and request.get("step") == "requested":
+                log.info("run %s: switch %s requested: %s/P=%d -> %s/P=%s", config.run_id, request["switch_id"],
+                         config.strategy, config.partitions, request["strategy_to"], request["partitions_to"])
+                state["outcome"] = "switch"
+                state["switch_record"] = request
+                return state
         if target is not None and time.monotonic() - last_activity > config.idle_timeout_s:
             raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -> FlightDelayJobConfig:

@@ -141,7 +141,13 @@ def default_checkpoint_dir(run_id: str) -> Path:
     return Settings().runs_dir / run_id / "checkpoint"
 
 
-def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig, checkpoint_dir: str | Path | None = None) -> DataFrame:
+def flight_delay_stream(
+    kafka_rows: DataFrame,
+    config: FlightDelayJobConfig,
+    checkpoint_dir: str | Path | None = None,
+    initial_state=None,
+    watermark_floor_ms: int = 0,
+) -> DataFrame:
     """Chain parse -> plausibility -> watermark -> Local Merge with slot tokens -> stateful processor.
 
     Args:
@@ -151,6 +157,10 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig, che
             plausibility check reads each batch's watermark from its offset log. Default:
             `default_checkpoint_dir(config.run_id)`. A batch whose offsets file is not there
             fails the query (JobError) rather than being judged without its watermark.
+        initial_state: after a switch, the migrated state grouped by token
+            (`keyshift.migration.state.initial_state_frame`); None: start empty.
+        watermark_floor_ms: after a switch, the old query's next watermark (ms of event time):
+            lateness, window closing and the plausibility reference never go below it.
 
     Returns:
         A streaming DataFrame of processor output rows (`OUTPUT_SCHEMA`), append mode.
@@ -163,7 +173,7 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig, che
     # before the watermark operator, so an implausible event never moves the watermark
     plausible = quarantine_implausible(
         own, checkpoint_dir or default_checkpoint_dir(config.run_id), config.bound_ms, config.plausibility,
-        exempt=F.col("is_control"),
+        exempt=F.col("is_control"), watermark_floor_ms=watermark_floor_ms,
     )
     timed = with_dead_letter_payload(plausible).withColumn(
         EVENT_TIME_COLUMN,
@@ -190,9 +200,10 @@ def flight_delay_stream(kafka_rows: DataFrame, config: FlightDelayJobConfig, che
     return (
         partials.groupBy("token")
         .transformWithStateInPandas(
-            statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms),
+            statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms, watermark_floor_ms),
             outputStructType=OUTPUT_SCHEMA,
             outputMode="Append",
             timeMode="EventTime",
+            initialState=initial_state,
         )
     )

@@ -61,7 +61,8 @@ class RunCounters(Counts):
     batches: int = 0
 
     def add(self, batch: BatchCounts) -> None:
-        """Add one batch's counts (`per_slot_events` of both have P entries)."""
+        """Add one batch's counts; per-slot lists of different lengths (a switch changed P) add
+        slot by slot, the shorter padded with zeros."""
         self.batches += 1
         self.windows_emitted += batch.windows_emitted
         self.sum_window_counts += batch.sum_window_counts
@@ -69,17 +70,18 @@ class RunCounters(Counts):
         self.late_events += batch.late_events
         self.dead_letters += batch.dead_letters
         self.merged_window_pieces += batch.merged_window_pieces
-        self.per_slot_events = [a + b for a, b in zip(self.per_slot_events, batch.per_slot_events, strict=True)]
+        # a switch may change P between batches of one run: the longer list sets the length
+        width = max(len(self.per_slot_events), len(batch.per_slot_events))
+        mine = self.per_slot_events + [0] * (width - len(self.per_slot_events))
+        theirs = list(batch.per_slot_events) + [0] * (width - len(batch.per_slot_events))
+        self.per_slot_events = [a + b for a, b in zip(mine, theirs)]
         for reason, count in batch.dead_letters_by_reason.items():
             self.dead_letters_by_reason[reason] = self.dead_letters_by_reason.get(reason, 0) + count
 
 
 def run_totals(batches: Iterable[BatchCounts], partitions: int) -> RunCounters:
-    """The sum of `batches` (each with P = `partitions` per-slot counts).
-
-    Raises:
-        ValueError: a batch's per-slot counts are not P long.
-    """
+    """The sum of `batches`; `per_slot_events` has max(P = `partitions`, the longest batch's) entries
+    (a run whose switch changed P has batches of both widths)."""
     counters = RunCounters(per_slot_events=[0] * partitions)
     for batch in batches:
         counters.add(batch)

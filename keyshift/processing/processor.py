@@ -46,6 +46,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from keyshift.eventtime.windows import HOUR_MS
+from keyshift.migration.state import MapStateVariable, restore_initial_state
 
 KIND_WINDOW = "window"
 KIND_LATE = "late"
@@ -118,6 +119,28 @@ one by one in Python."""
 PENDING_STATE_NAME = "pending_windows"
 
 
+def merge_pending_values(values: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """Fold the `pending_windows` values of one origin held on several slots (the pieces of a
+    key hot_split spread) into one: windows merged by start (`merge_partials`), event ids kept
+    window by window. The declared merge of the state variable, used when a switch moves state."""
+    starts, counts, sums, maxes, ids = [], [], [], [], []
+    for partials, event_ids in values:
+        s, c, su, m = unpack_pending(partials)
+        starts.append(s), counts.append(c), sums.append(su), maxes.append(m)
+        ids.append(np.frombuffer(event_ids, dtype=np.int64))
+    all_ids = np.concatenate(ids)
+    id_starts = np.repeat(np.concatenate(starts), np.concatenate(counts))
+    merged = merge_partials(*(np.concatenate(a) for a in (starts, counts, sums, maxes)))
+    return pack_pending(*merged), all_ids[np.argsort(id_starts, kind="stable")].tobytes()
+
+
+STATE_VARIABLES = (
+    MapStateVariable(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA, merge=merge_pending_values),
+)
+"""The state the flight delay job keeps, declared for a switch to read, re-key and restore
+(`keyshift.migration.state`). Timers are carried by the switch too (one per open window end)."""
+
+
 def _partition_id() -> int:
     """The Spark partition this code runs in (-1 outside a Spark task, e.g. in TwsTester)."""
     context = TaskContext.get()
@@ -180,17 +203,28 @@ class FlightDelayProcessor(StatefulProcessor):
     Args:
         tokens: the slot tokens in force (`tokens[slot]`), to name each group's slot.
         window_ms: tumbling window size in milliseconds of event time (default one hour).
+        watermark_floor_ms: the watermark this query starts from, ms of event time: after a
+            switch, the old query's watermark for its next batch (`nextBatchWatermarkMs` of its
+            last commit). A new checkpoint starts Spark's watermark at 0; lateness and window
+            closing use max(Spark's watermark, this floor), so an event late before the switch
+            is late after it, as in a run without the switch. 0: no floor.
     """
 
-    def __init__(self, tokens: tuple[int, ...], window_ms: int = HOUR_MS) -> None:
+    def __init__(self, tokens: tuple[int, ...], window_ms: int = HOUR_MS, watermark_floor_ms: int = 0) -> None:
         self._slot_of_token = {token: slot for slot, token in enumerate(tokens)}
         self._window_ms = window_ms
+        self._watermark_floor_ms = int(watermark_floor_ms)
         self._closed_at: tuple[int, int] | None = None
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the MapState of pending windows (origin -> partial aggregates)."""
         self._handle = handle
         self._pending = handle.getMapState(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA)
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
+        """Restore state a switch migrated onto this slot token (first batch of a new query only):
+        pending windows per origin and the timers that close them."""
+        restore_initial_state(initialState, {PENDING_STATE_NAME: self._pending}, self._handle.registerTimer, STATE_VARIABLES)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -205,7 +239,8 @@ class FlightDelayProcessor(StatefulProcessor):
         """
         token = int(key[0])
         slot = self._slot_of_token.get(token, -1)
-        watermark_ms = timerValues.getCurrentWatermarkInMs()
+        spark_watermark_ms = timerValues.getCurrentWatermarkInMs()
+        watermark_ms = max(spark_watermark_ms, self._watermark_floor_ms)
         processed = 0
         open_partials = []
         for chunk in rows:
@@ -235,7 +270,7 @@ class FlightDelayProcessor(StatefulProcessor):
             # fires once the watermark passes end - 1, i.e. reaches end; a timer at or below the
             # current watermark cannot be registered, so the one window ending at watermark + 1
             # gets `end` (it then closes with the next watermark step past its end)
-            expiry = int(end) - 1 if int(end) - 1 > watermark_ms else int(end)
+            expiry = int(end) - 1 if int(end) - 1 > spark_watermark_ms else int(end)
             if expiry not in registered:
                 self._handle.registerTimer(expiry)
 
@@ -376,7 +411,7 @@ class FlightDelayProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         """Emit every pending window of this slot whose end the watermark has reached."""
         token = int(key[0])
-        watermark_ms = timerValues.getCurrentWatermarkInMs()
+        watermark_ms = max(timerValues.getCurrentWatermarkInMs(), self._watermark_floor_ms)
         if self._closed_at == (token, watermark_ms):
             return  # an earlier timer of this slot at this watermark already closed everything
         self._closed_at = (token, watermark_ms)

@@ -98,6 +98,10 @@ def merge_split_windows(windows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return result, len(pieces) - len(merged)
 
 
+class SwitchBarrier(RuntimeError):
+    """Raised by the sink for a micro-batch past a switch's cut (it is never run)."""
+
+
 class FlightDelaySink:
     """The `foreachBatch` function of the flight delay job.
 
@@ -113,13 +117,16 @@ class FlightDelaySink:
         partitions: P slots, the length of `per_slot_events`.
         side_outputs: a `TransactionalSideOutputs` for alerts, late events and dead letters, or
             None to skip the Kafka side outputs (tests of the windows alone).
+        batch_base: the run-wide id of this query's batch 0: a run that a switch carried over
+            several queries (segments) numbers its batches on, so the ledger, the windows files
+            and the side-output transactions see one sequence (`keyshift.migration.switch`).
 
     Attributes:
         counters: the run's totals so far, including batches recorded before a crash (read back
             from the ledger at construction).
     """
 
-    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None) -> None:
+    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0) -> None:
         self.windows_dir = Path(run_dir) / "windows"
         self.windows_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
@@ -131,10 +138,29 @@ class FlightDelaySink:
         self.counters = run_totals(self._batches.values(), partitions)
         self.batch_slot_events: dict[int, list[int]] = {b: list(c.per_slot_events) for b, c in self._batches.items()}
         self.last_batch_id = max(self._batches, default=-1)
+        self.batch_base = batch_base
+        self.barrier = threading.Event()
+        self.in_flight = False
+        self.last_query_batch: int | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        """Route one micro-batch of processor output; called by Spark on the driver."""
+    def __call__(self, batch: DataFrame, query_batch_id: int) -> None:
+        """Route one micro-batch of processor output; called by Spark on the driver.
+
+        Raises:
+            SwitchBarrier: a switch's cut was set (`barrier`) before this batch reached the
+                sink: nothing of it is run or written and Spark does not commit it.
+        """
+        if self.barrier.is_set():
+            raise SwitchBarrier(f"batch {query_batch_id} refused: a switch stops the query at the batch before it")
+        self.in_flight = True
+        try:
+            self._route(batch, self.batch_base + query_batch_id)
+        finally:
+            self.last_query_batch = query_batch_id
+            self.in_flight = False
+
+    def _route(self, batch: DataFrame, batch_id: int) -> None:
         failpoint("sink.before_batch", batch_id)
         out = batch.toPandas()
         by_kind = {kind: rows for kind, rows in out.groupby("kind", sort=False)}

@@ -1,0 +1,262 @@
+"""The driver's side of a switch: cut, migrate, start the next segment, publish, verify, recover.
+
+The steps and the cut are defined in `keyshift.migration.switch`. This module runs inside the
+job's driver (`keyshift.processing.driver.run_flight_delays`), in its SparkSession: the query is
+swapped without a new JVM. Each step ends with a record in Redis and a failpoint
+`switch.<step>@<n>` (n: the run's n-th switch) so tests can kill the driver there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from pyspark.sql import SparkSession
+
+from keyshift.errors import JobError
+from keyshift.migration.state import MapStateVariable, read_state, rekey_state, save_migrated, verify_placement
+from keyshift.migration.switch import SwitchControl, step_index
+from keyshift.placement.tokens import slot_tokens
+from keyshift.processing.failpoints import failpoint
+from keyshift.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def switch_number(segments: Sequence[dict[str, Any]], record: dict[str, Any]) -> int:
+    """1 for the run's first switch, 2 for the second ... (the failpoints' counter)."""
+    done = [s for s in segments if s.get("switch_id") and s["switch_id"] != record["switch_id"]]
+    return len(done) + 1
+
+
+def _commits(checkpoint: Path) -> list[int]:
+    commits = checkpoint / "commits"
+    return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.exists() else []
+
+
+def stop_at_cut(query, sink, checkpoint: Path, timeout_s: float = 300.0) -> None:
+    """Stop `query` at a batch boundary: refuse every batch that has not reached the sink (the
+    sink's barrier), let the one in the sink finish and be committed, then stop.
+
+    Raises:
+        JobError: the query failed, or the batch in flight was not committed within `timeout_s`.
+    """
+    sink.barrier.set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if query.exception() is not None and not query.isActive:
+            break  # it stopped on the barrier (or failed: the cut is read from the checkpoint all the same)
+        last = sink.last_query_batch
+        if not sink.in_flight and (last is None or (checkpoint / "commits" / str(last)).exists()):
+            break
+        if time.monotonic() > deadline:
+            raise JobError(f"the batch in flight was not committed within {timeout_s:.0f} s; the switch cannot cut")
+        time.sleep(0.05)
+    query.stop()
+
+
+def read_cut(checkpoint: Path, topic: str) -> tuple[int | None, dict[int, int], int]:
+    """(last committed batch C of the stopped query or None, Kafka offsets after C, the watermark
+    for the batch after C in ms of event time (`nextBatchWatermarkMs` of `commits/C`, 0 without))."""
+    from keyshift.processing.driver import committed_batches
+
+    ids, offsets = committed_batches(checkpoint, topic)
+    if not ids:
+        return None, {}, 0
+    text = (checkpoint / "commits" / str(ids[-1])).read_text().splitlines()
+    meta = json.loads(text[1]) if len(text) > 1 else {}
+    return ids[-1], offsets, int(meta.get("nextBatchWatermarkMs", 0))
+
+
+def migrate(
+    spark: SparkSession,
+    settings: Settings,
+    run_dir: Path,
+    segments: list[dict[str, Any]],
+    record: dict[str, Any],
+    control: SwitchControl,
+    variables: Sequence[MapStateVariable],
+    save_segments: Callable[[list[dict[str, Any]]], None],
+    stop_requested_at: float,
+) -> list[dict[str, Any]]:
+    """Steps stopped, migrated, segment, published of a switch whose old query is stopped.
+
+    Args:
+        segments: the run's segments; the last is the stopped query's.
+        record: the switch record (state requested, or running at a step before `segment`).
+        variables: the job's declared state variables.
+        save_segments: writes the segments into the run's job record (the commit point).
+        stop_requested_at: wall-clock seconds when the stop was asked (the pause starts there).
+
+    Returns:
+        The segments with the new one appended.
+
+    Raises:
+        JobError: the old query committed no batch (nothing to cut), or a state read failed.
+    """
+    old = segments[-1]
+    topic = old["topic"]
+    number = switch_number(segments, record)
+    record["stop_requested_at"] = stop_requested_at
+    old_checkpoint = run_dir / old["checkpoint"]
+    cut, offsets, floor = read_cut(old_checkpoint, topic)
+    started = time.monotonic()
+    if cut is None:
+        offsets = {int(p): int(o) for p, o in old["start_offsets"].items()}
+    floor = max(floor, int(old.get("watermark_floor_ms") or 0))
+    base = int(old["batch_base"]) + (cut + 1 if cut is not None else 0)
+    record = control.advance(record, "stopped", None, cut_batch=cut, cut_offsets={str(p): o for p, o in sorted(offsets.items())},
+                             watermark_floor_ms=floor, batch_base=base, old_checkpoint=old["checkpoint"])
+    failpoint("switch.stopped", number)
+
+    t = time.monotonic()
+    partitions = int(record["partitions_to"])
+    mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
+    from keyshift.placement.strategies import strategy_by_name
+
+    rule = strategy_by_name(record["strategy_to"], partitions) if record["strategy_to"] in ("hash", "modulo") else None
+
+    def slot_of(key: str) -> int:
+        if key in split:
+            return int(split[key][0])
+        if key in mapping:
+            return int(mapping[key])
+        return (rule or strategy_by_name("hash", partitions)).slot_of(key)
+
+    if cut is not None:
+        state, timers = read_state(spark, old_checkpoint, variables, cut)
+    else:
+        import pandas as pd
+
+        state, timers = {v.name: pd.DataFrame(columns=["old_token", "partition_id", "key", *v.value_fields]) for v in variables}, pd.DataFrame(columns=["old_token", "expiry_ms", "partition_id"])
+    migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions), slot_tokens(int(old["partitions"])))
+    index = int(old["index"]) + 1
+    state_file = f"switches/{record['switch_id']}/initial_state.parquet"
+    save_migrated(migrated, run_dir / state_file)
+    record = control.advance(record, "migrated", time.monotonic() - t, migration=migrated.summary())
+    failpoint("switch.migrated", number)
+
+    t = time.monotonic()
+    start = dict(offsets)
+    from keyshift.monitoring.stream import read_offsets
+
+    now = read_offsets(settings, topic)
+    for partition, beginning in now.beginning.items():
+        start.setdefault(partition, beginning)  # a partition added for a larger P starts at its beginning
+    learned = record["strategy_to"] not in ("hash", "modulo")
+    segment = {
+        "index": index, "checkpoint": f"checkpoint-{index}", "strategy": record["strategy_to"], "partitions": partitions,
+        "epoch": int(record["epoch_to"]), "assignment": {k: int(v) for k, v in mapping.items()} if learned else None,
+        "split": {k: list(v) for k, v in split.items()} or None, "topic": topic,
+        "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": base, "watermark_floor_ms": floor,
+        "initial_state": state_file, "switch_id": record["switch_id"],
+    }
+    segments = [*segments, segment]
+    save_segments(segments)
+    record = control.advance(record, "segment", time.monotonic() - t, new_checkpoint=segment["checkpoint"])
+    failpoint("switch.segment", number)
+    publish(settings, record)
+    record = control.advance(record, "published", None)
+    failpoint("switch.published", number)
+    log.info("switch %s: migrated %s in %.2f s", record["switch_id"], migrated.summary(), time.monotonic() - started)
+    return segments
+
+
+def publish(settings: Settings, record: dict[str, Any], restore: bool = False) -> int:
+    """Publish the switch's assignment as epoch `epoch_to` in Redis, unless an epoch at least
+    that new is in force already (idempotent). With `restore`, publish the assignment the switch
+    left (`mapping_from`, or the rule) as a new epoch instead (a rollback). Returns the epoch in force."""
+    from keyshift.errors import PlacementError
+    from keyshift.placement.assignment_store import AssignmentStore
+
+    store = AssignmentStore.from_settings(settings, record["topic"])
+    try:
+        current = store.epoch()
+    except PlacementError:
+        current = 0
+    if restore:
+        mapping = record.get("mapping_from") or {}
+        return store.publish(record["strategy_from"], int(record["partitions_from"]), mapping,
+                             split={k: tuple(v) for k, v in (record.get("split_from") or {}).items()} or None)
+    if current >= int(record["epoch_to"]):
+        return current
+    split = {k: tuple(v) for k, v in (record.get("split") or {}).items()}
+    return store.publish(record["strategy_to"], int(record["partitions_to"]), record["mapping"], epoch=int(record["epoch_to"]),
+                         split=split or None)
+
+
+def verify_and_finish(
+    spark: SparkSession,
+    settings: Settings,
+    run_dir: Path,
+    segment: dict[str, Any],
+    record: dict[str, Any],
+    control: SwitchControl,
+    variables: Sequence[MapStateVariable],
+    first_commit_at: float,
+    conservation: Callable[[], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Steps verified and done, once the new query committed its first batch.
+
+    Every key's state must sit on its assigned slot (state reader `partition_id`); `conservation`
+    (the job's own check, e.g. pending events before + processed - emitted = pending after) is
+    recorded beside it. The pause (stop request to first commit) becomes the topic's measured
+    migration cost for the cost_aware trigger.
+
+    Raises:
+        JobError: a key's state is on a slot its assignment does not give it.
+    """
+    pause = first_commit_at - float(record.get("stop_requested_at") or first_commit_at)
+    mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
+    from keyshift.placement.strategies import strategy_by_name
+
+    partitions = int(record["partitions_to"])
+    fallback = strategy_by_name(record["strategy_to"] if record["strategy_to"] in ("hash", "modulo") else "hash", partitions)
+
+    def slots_of(key: str) -> tuple[int, ...]:
+        return split.get(key) or ((int(mapping[key]),) if key in mapping else (fallback.slot_of(key),))
+
+    t = time.monotonic()
+    placement = verify_placement(spark, run_dir / segment["checkpoint"], variables, slots_of, batch_id=0)
+    conserved = conservation() if conservation is not None else None
+    if not placement["ok"]:
+        control.conclude(record, "failed", error=f"state on the wrong slot: {placement['misplaced']}", verify=placement)
+        raise JobError(f"switch {record['switch_id']}: state on the wrong slot after the switch: {placement['misplaced']}")
+    record = control.advance(record, "verified", time.monotonic() - t, verify={"placement": placement, "conservation": conserved},
+                             pause_seconds=round(pause, 3))
+    record = control.advance(record, "done")
+    record = control.conclude(record, "done")
+    _record_cost(settings, record)
+    log.info("switch %s done: %s -> %s, P %s -> %s, pause %.2f s, %s state rows migrated",
+             record["switch_id"], record["strategy_from"], record["strategy_to"], record["partitions_from"],
+             record["partitions_to"], pause, sum((record.get("migration") or {}).get("state_rows_written", {}).values()))
+    return record
+
+
+def _record_cost(settings: Settings, record: dict[str, Any]) -> None:
+    """Give the topic's last decided switch its measured cost (the pause, seconds)."""
+    from keyshift.monitoring.results import ResultStore
+
+    try:
+        store = ResultStore.from_settings(settings, record["topic"])
+        if store.last_switch() is not None:
+            store.record_migration(float(record["pause_seconds"]))
+    except Exception as exc:  # the switch is done; a missing cost only leaves the default in use
+        log.warning("switch %s: its cost was not recorded for the monitor (%s)", record["switch_id"], exc)
+
+
+def roll_back(settings: Settings, segments: list[dict[str, Any]], record: dict[str, Any], control: SwitchControl,
+              save_segments: Callable[[list[dict[str, Any]]], None], error: str) -> list[dict[str, Any]]:
+    """Undo a switch whose new query failed before its first commit: drop its segment,
+    republish the old assignment as a newer epoch if the new one was published, record it."""
+    if segments and segments[-1].get("switch_id") == record["switch_id"]:
+        segments = segments[:-1]
+        save_segments(segments)
+    if step_index(record.get("step", "requested")) >= step_index("published"):
+        publish(settings, record, restore=True)
+    control.conclude(record, "rolled_back", error=error)
+    log.warning("switch %s rolled back: %s", record["switch_id"], error)
+    return segments

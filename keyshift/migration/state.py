@@ -1,0 +1,308 @@
+"""Step 4 of a switch: read a stopped query's state, re-key it, hand it to the next query.
+
+Works for any keyed stateful job keyshift runs, not for one processor: the job declares its
+state variables (`MapStateVariable`: a MapState keyed by the job's real key, e.g. the origin, inside
+a `transformWithStateInPandas` grouped by slot token, DESIGN.md), and this module
+
+1. reads every declared variable of the old checkpoint at its last committed batch with Spark's
+   state data source (`spark.read.format("statestore")`, one `stateVarName` per read; MapState
+   comes flattened to one row per (grouping key, map key)), and the registered event-time timers
+   (`readRegisteredTimers`);
+2. re-keys each row: its new grouping key is the token of the slot the new assignment gives its
+   real key (a key hot_split spreads over several slots gets all its state on its first piece's
+   slot). Rows of one real key that come from several old slots (the pieces of a split key) are
+   folded into one with the variable's declared `merge`;
+3. moves the timers with the keys: every timer of old token t is registered on each new token
+   that receives a key from t (a superset: a timer that finds nothing due emits nothing);
+4. builds the `initialState` DataFrame (grouped by token) that `handleInitialState` of the new
+   query puts back (`restore_initial_state`), and after the new query's first commit verifies
+   that every key's state sits on its assigned slot (the state reader's `partition_id`).
+
+The state is small (a few rows per key: ~230 origins for the flights), so it is re-keyed in
+pandas on the driver; Spark's state reader does the reading and the new query the writing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from keyshift.errors import JobError
+
+log = logging.getLogger(__name__)
+
+STATE_VAR_COLUMN = "state_var"
+"""Column of the initial-state rows naming the state variable a row restores."""
+TIMER_VAR = "__timers__"
+"""`state_var` of rows that carry a registered event-time timer (`expiry_ms`) instead of state."""
+EXPIRY_COLUMN = "expiry_ms"
+GROUPING_COLUMN = "token"
+"""The grouping column of every keyshift stateful query: the slot token (int)."""
+
+
+@dataclass(frozen=True)
+class MapStateVariable:
+    """A MapState a job keeps per real key, declared so a switch can move it.
+
+    Attributes:
+        name: the state variable's name (`handle.getMapState(name, ...)`).
+        key_schema: the map key's schema: one string field holding the real key (e.g. origin).
+        value_schema: the map value's schema (every field is carried as it is).
+        merge: folds the values of one real key found on several old slots into one (a tuple of
+            value fields per slot -> one tuple), for keys that were split; None: such a key is an
+            error (JobError), since its pieces cannot be combined.
+    """
+
+    name: str
+    key_schema: T.StructType
+    value_schema: T.StructType
+    merge: Callable[[list[tuple]], tuple] | None = None
+
+    @property
+    def key_field(self) -> str:
+        """The map key's one field, the real key."""
+        return self.key_schema.fields[0].name
+
+    @property
+    def value_fields(self) -> list[str]:
+        return [f.name for f in self.value_schema.fields]
+
+
+def initial_state_schema(variables: Sequence[MapStateVariable]) -> T.StructType:
+    """Schema of the initial-state rows: token, state_var, the real key (`key`), every declared
+    value field (NULL where a variable lacks it) and `expiry_ms` for timer rows."""
+    fields = [T.StructField(GROUPING_COLUMN, T.IntegerType(), False), T.StructField(STATE_VAR_COLUMN, T.StringType(), False),
+              T.StructField("key", T.StringType(), True)]
+    seen = {"key"}
+    for variable in variables:
+        for f in variable.value_schema.fields:
+            if f.name not in seen:
+                fields.append(T.StructField(f.name, f.dataType, True))
+                seen.add(f.name)
+    fields.append(T.StructField(EXPIRY_COLUMN, T.LongType(), True))
+    return T.StructType(fields)
+
+
+@dataclass
+class MigratedState:
+    """The re-keyed state of one switch, ready to become the next query's `initialState`.
+
+    Attributes:
+        rows: `initial_state_schema` rows (pandas): state and timer rows per new token.
+        rows_read: state rows read per variable (one per old grouping key and map key).
+        rows_written: state rows per variable after re-keying (fewer when a split key's pieces
+            were merged), timers excluded.
+        timers_read: registered timers read; `timers_written`: timer rows after moving.
+        keys_moved: real keys whose slot changed; `state_bytes`: bytes of every value read;
+            `state_bytes_moved`: of the keys that moved.
+        slots: real key -> its new slot, for `verify_placement`.
+    """
+
+    rows: pd.DataFrame
+    rows_read: dict[str, int] = field(default_factory=dict)
+    rows_written: dict[str, int] = field(default_factory=dict)
+    timers_read: int = 0
+    timers_written: int = 0
+    keys_moved: int = 0
+    keys_total: int = 0
+    state_bytes: int = 0
+    state_bytes_moved: int = 0
+    slots: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able counts (rows, timers, keys, bytes)."""
+        return {
+            "state_rows_read": self.rows_read, "state_rows_written": self.rows_written, "timers_read": self.timers_read,
+            "timers_written": self.timers_written, "keys_moved": self.keys_moved, "keys_total": self.keys_total,
+            "state_bytes": self.state_bytes, "state_bytes_moved": self.state_bytes_moved,
+        }
+
+
+def _state_reader(spark: SparkSession, checkpoint: Path, batch_id: int | None):
+    spark.streams.active  # noqa: B018 - creates the state store coordinator the reader's tasks ask for
+    reader = spark.read.format("statestore").option("path", str(checkpoint))
+    if batch_id is not None:
+        reader = reader.option("batchId", int(batch_id))
+    return reader
+
+
+def read_state(spark: SparkSession, checkpoint: Path, variables: Sequence[MapStateVariable], batch_id: int | None = None
+               ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """Every declared variable and the timers of `checkpoint` at `batch_id` (default: the last
+    committed batch), as pandas frames.
+
+    Returns:
+        ({variable name: frame of old_token, partition_id, key, value fields...},
+         frame of old_token, expiry_ms, partition_id).
+    """
+    frames = {}
+    for variable in variables:
+        columns = [f"key.{GROUPING_COLUMN} AS old_token", "partition_id", f"user_map_key.{variable.key_field} AS key"]
+        columns += [f"user_map_value.{name} AS {name}" for name in variable.value_fields]
+        frames[variable.name] = _state_reader(spark, checkpoint, batch_id).option("stateVarName", variable.name).load().selectExpr(*columns).toPandas()
+    timers = (
+        _state_reader(spark, checkpoint, batch_id).option("readRegisteredTimers", "true").load()
+        .selectExpr(f"key.{GROUPING_COLUMN} AS old_token", f"expiration_timestamp_ms AS {EXPIRY_COLUMN}", "partition_id").toPandas()
+    )
+    return frames, timers
+
+
+def _value_bytes(frame: pd.DataFrame, fields: Sequence[str]) -> np.ndarray:
+    sizes = np.zeros(len(frame), dtype=np.int64)
+    for name in fields:
+        sizes += np.fromiter((len(v) if isinstance(v, (bytes, bytearray, str)) else 8 for v in frame[name]), np.int64, len(frame))
+    return sizes
+
+
+def rekey_state(
+    state: Mapping[str, pd.DataFrame],
+    timers: pd.DataFrame,
+    variables: Sequence[MapStateVariable],
+    slot_of: Callable[[str], int],
+    new_tokens: Sequence[int],
+    old_tokens: Sequence[int],
+) -> MigratedState:
+    """Re-key the read state under a new assignment (steps 2-3 of the module docstring).
+
+    Args:
+        state, timers: from `read_state`.
+        variables: the job's declared state variables.
+        slot_of: real key -> its slot under the new assignment (a split key: its first piece's).
+        new_tokens: slot -> token of the new query (`slot_tokens(P2)`); `old_tokens` of the old
+            query (to tell which keys moved).
+
+    Returns:
+        The `MigratedState`.
+
+    Raises:
+        JobError: a key is found on several old slots and its variable declares no `merge`.
+    """
+    slot_of_old_token = {int(t): s for s, t in enumerate(old_tokens)}
+    out_frames, migrated = [], MigratedState(rows=pd.DataFrame())
+    receivers: dict[int, set[int]] = {}
+    for variable in variables:
+        frame = state[variable.name]
+        migrated.rows_read[variable.name] = len(frame)
+        sizes = _value_bytes(frame, variable.value_fields)
+        migrated.state_bytes += int(sizes.sum())
+        if frame.empty:
+            migrated.rows_written[variable.name] = 0
+            continue
+        keys = frame["key"].astype(str).to_numpy(object)
+        new_slots = np.array([slot_of(k) for k in keys], dtype=np.int64)
+        old_slots = np.array([slot_of_old_token.get(int(t), -1) for t in frame["old_token"]], dtype=np.int64)
+        moved = new_slots != old_slots
+        migrated.state_bytes_moved += int(sizes[moved].sum())
+        for old_token, new_slot in zip(frame["old_token"].to_numpy(np.int64), new_slots):
+            receivers.setdefault(int(old_token), set()).add(int(new_tokens[new_slot]))
+        for key, slot in zip(keys, new_slots):
+            migrated.slots[key] = int(slot)
+        rows = frame.assign(**{GROUPING_COLUMN: np.asarray(new_tokens, np.int64)[new_slots].astype(np.int32)})
+        duplicated = rows.duplicated("key", keep=False).to_numpy()
+        if duplicated.any():
+            if variable.merge is None:
+                raise JobError(f"state variable {variable.name!r} holds key {keys[duplicated][0]!r} on several slots and declares no merge")
+            merged = []
+            for key, group in rows[duplicated].groupby("key", sort=False):
+                values = variable.merge([tuple(row) for row in group[variable.value_fields].itertuples(index=False)])
+                first = group.iloc[0]
+                merged.append({"key": key, GROUPING_COLUMN: first[GROUPING_COLUMN], **dict(zip(variable.value_fields, values))})
+            rows = pd.concat([rows[~duplicated], pd.DataFrame(merged)], ignore_index=True)
+        rows = rows.drop(columns=["old_token", "partition_id"])
+        rows[STATE_VAR_COLUMN] = variable.name
+        migrated.rows_written[variable.name] = len(rows)
+        out_frames.append(rows)
+    all_keys = {k for frame in state.values() for k in frame["key"].astype(str)} if state else set()
+    migrated.keys_total = len(all_keys)
+    migrated.keys_moved = sum(
+        1 for frame in state.values() for k, t in zip(frame["key"].astype(str), frame["old_token"])
+        if slot_of_old_token.get(int(t), -1) != slot_of(k)
+    )
+    migrated.timers_read = len(timers)
+    timer_rows = [
+        {GROUPING_COLUMN: token, STATE_VAR_COLUMN: TIMER_VAR, EXPIRY_COLUMN: int(expiry)}
+        for old_token, expiry in zip(timers["old_token"].to_numpy(np.int64), timers[EXPIRY_COLUMN].to_numpy(np.int64))
+        for token in sorted(receivers.get(int(old_token), ()))
+    ]
+    timer_frame = pd.DataFrame(timer_rows).drop_duplicates() if timer_rows else pd.DataFrame()
+    migrated.timers_written = len(timer_frame)
+    schema = initial_state_schema(variables)
+    frames = [f for f in (*out_frames, timer_frame) if len(f)]
+    combined = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    migrated.rows = combined.reindex(columns=schema.fieldNames())
+    migrated.rows[GROUPING_COLUMN] = migrated.rows[GROUPING_COLUMN].astype(np.int32)
+    return migrated
+
+
+def save_migrated(migrated: MigratedState, path: Path) -> Path:
+    """Write the initial-state rows to a Parquet file (atomically), so a driver that dies before
+    the new query's first commit can start it again with the same state."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = migrated.rows.copy()
+    rows[EXPIRY_COLUMN] = rows[EXPIRY_COLUMN].astype("Int64")
+    partial = path.with_suffix(".tmp")
+    pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), partial)
+    partial.replace(path)
+    return path
+
+
+def initial_state_frame(spark: SparkSession, path: Path, variables: Sequence[MapStateVariable]) -> DataFrame:
+    """The saved initial-state rows as a Spark DataFrame grouped by token, for
+    `transformWithStateInPandas(initialState=...)`."""
+    rows = pd.read_parquet(path)
+    schema = initial_state_schema(variables)
+    rows[EXPIRY_COLUMN] = rows[EXPIRY_COLUMN].astype(object).where(rows[EXPIRY_COLUMN].notna(), None)
+    records = [tuple(None if (isinstance(v, float) and np.isnan(v)) else v for v in row) for row in rows[schema.fieldNames()].itertuples(index=False)]
+    return spark.createDataFrame(records, schema).groupBy(GROUPING_COLUMN)
+
+
+def restore_initial_state(frame: pd.DataFrame, states: Mapping[str, Any], register_timer: Callable[[int], None],
+                          variables: Sequence[MapStateVariable]) -> None:
+    """Put one token's initial-state rows back (call from `handleInitialState`).
+
+    Args:
+        frame: rows of `initial_state_schema` for the current grouping key.
+        states: variable name -> the processor's MapState handle.
+        register_timer: the handle's `registerTimer` (event-time ms).
+    """
+    by_name = {v.name: v for v in variables}
+    for name, rows in frame.groupby(STATE_VAR_COLUMN, sort=False):
+        if name == TIMER_VAR:
+            for expiry in rows[EXPIRY_COLUMN].dropna().astype(np.int64):
+                register_timer(int(expiry))
+            continue
+        variable = by_name[name]
+        for row in rows.itertuples(index=False):
+            states[name].updateValue((getattr(row, "key"),), tuple(getattr(row, f) for f in variable.value_fields))
+
+
+def verify_placement(spark: SparkSession, checkpoint: Path, variables: Sequence[MapStateVariable],
+                     slots_of: Callable[[str], Sequence[int]], batch_id: int | None = None) -> dict[str, Any]:
+    """Check that every key's state in `checkpoint` sits on one of its assigned slots.
+
+    Args:
+        slots_of: key -> the slots the assignment gives it (one, or a split key's pieces).
+
+    Returns:
+        {"state_rows": rows checked, "misplaced": [up to 10 (variable, key, partition_id)], "ok": bool}.
+    """
+    checked, misplaced = 0, []
+    for variable in variables:
+        frame = (_state_reader(spark, checkpoint, batch_id).option("stateVarName", variable.name).load()
+                 .selectExpr(f"user_map_key.{variable.key_field} AS key", "partition_id").toPandas())
+        checked += len(frame)
+        for key, partition in zip(frame["key"], frame["partition_id"]):
+            if int(partition) not in slots_of(str(key)):
+                misplaced.append((variable.name, str(key), int(partition)))
+    return {"state_rows": checked, "misplaced": misplaced[:10], "misplaced_rows": len(misplaced), "ok": not misplaced}
