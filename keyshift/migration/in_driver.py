@@ -108,7 +108,7 @@ def migrate(
         offsets = {int(p): int(o) for p, o in old["start_offsets"].items()}
     floor = max(floor, int(old.get("watermark_floor_ms") or 0))
     base = int(old["batch_base"]) + (cut + 1 if cut is not None else 0)
-    record = control.advance(record, "stopped", None, cut_batch=cut, cut_offsets={str(p): o for p, o in sorted(offsets.items())},
+    record = control.advance(record, "stopped", time.time() - stop_requested_at, cut_batch=cut, cut_offsets={str(p): o for p, o in sorted(offsets.items())},
                              watermark_floor_ms=floor, batch_base=base, old_checkpoint=old["checkpoint"])
     failpoint("switch.stopped", number)
 
@@ -158,8 +158,9 @@ def migrate(
     save_segments(segments)
     record = control.advance(record, "segment", time.monotonic() - t, new_checkpoint=segment["checkpoint"])
     failpoint("switch.segment", number)
+    t = time.monotonic()
     publish(settings, record)
-    record = control.advance(record, "published", None)
+    record = control.advance(record, "published", time.monotonic() - t, published_at=time.time())
     failpoint("switch.published", number)
     log.info("switch %s: migrated %s in %.2f s", record["switch_id"], migrated.summary(), time.monotonic() - started)
     return segments
@@ -210,6 +211,8 @@ def verify_and_finish(
         JobError: a key's state is on a slot its assignment does not give it.
     """
     pause = first_commit_at - float(record.get("stop_requested_at") or first_commit_at)
+    if record.get("query_started_at"):
+        record.setdefault("step_seconds", {})["first_batch"] = round(first_commit_at - float(record["query_started_at"]), 3)
     mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
     from keyshift.placement.strategies import strategy_by_name
 

@@ -515,6 +515,11 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         )
         query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
         query = stream.writeStream.foreachBatch(sink).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
+        if record is not None and record.get("switch_id") == segment.get("switch_id") and record.get("state") not in ("done", "failed", "rolled_back"):
+            record["query_started_at"] = time.time()
+            if record.get("published_at"):
+                record.setdefault("step_seconds", {})["start_query"] = round(record["query_started_at"] - float(record["published_at"]), 3)
+            control.save(record)
         log.info("run %s: query %s started (strategy %s, P=%d, epoch %d, bound %d ms, batch base %d)", config.run_id, query_name,
                  seg_config.strategy, seg_config.partitions, seg_config.epoch, config.bound_ms, int(segment["batch_base"]))
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \

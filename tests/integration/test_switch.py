@@ -14,121 +14,13 @@ switch every key's state on its new slot (the state reader's `partition_id`).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-import uuid
-from collections import Counter
-from pathlib import Path
 
-import pandas as pd
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
-
-from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
+from flight_runs import assert_equals_the_oracle, batches_done, fresh_topic, job_args, run_oracle, start, wait_for
 
 pytestmark = pytest.mark.integration
 
-FLIGHTS = 300_000
-PARTITIONS = 8
-PER_TRIGGER = 15_000
-KEYSHIFT = str(Path(sys.executable).parent / "keyshift")
-COUNTS = ("events_read", "windows_emitted", "sum_window_counts", "alerts", "late_events", "dead_letters", "pending_events",
-          "dead_letters_by_reason")
 SWITCHES = (("least_count", None), ("hot_split", None), ("least_count", 12))
-
-
-def job_args(topic: str, run_id: str, flights: int = FLIGHTS, per_trigger: int = PER_TRIGGER) -> list[str]:
-    return [KEYSHIFT, "job", "run", "flight_delays", "--topic", topic, "--run-id", run_id, "--limit", str(flights + 40),
-            "--partitions", str(PARTITIONS), "--max-offsets-per-trigger", str(per_trigger), "--starting", "earliest",
-            "--idle-timeout", "240"]
-
-
-def start(args: list[str], log: Path, failpoint: str | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "KEYSHIFT_FAILPOINT"}
-    if failpoint:
-        env["KEYSHIFT_FAILPOINT"] = failpoint
-    with log.open("ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def fresh_topic(settings, label: str, flights: int = FLIGHTS) -> str:
-    """A new 8-partition topic holding the same records at the same offsets as every other."""
-    from keyshift.data.replay import replay_flights
-    from keyshift.topics import create_topics
-
-    name = f"it-switch-{uuid.uuid4().hex[:8]}-{label}"
-    create_topics(settings, [name], PARTITIONS)
-    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
-    for i in range(20):
-        producer.send(name, key=b"ORD", value=b"not json at all", partition=i % PARTITIONS)
-    producer.flush()
-    replay_flights(settings, name, limit=flights, strategy="hash", partitions=PARTITIONS, progress=False)
-    for i in range(20):
-        producer.send(name, key=b"ORD", value=b'{"event_id": 1, "origin": "ORD"}', partition=i % PARTITIONS)
-    producer.flush()
-    producer.close()
-    return name
-
-
-def side_outputs(settings, run_id: str) -> dict[str, Counter]:
-    """Every record of the run in each side output (read_committed), run id and epoch removed."""
-    found = {}
-    for topic in (ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC):
-        consumer = KafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
-                                 isolation_level="read_committed", enable_auto_commit=False, consumer_timeout_ms=5_000)
-        records = Counter()
-        for message in consumer:
-            value = json.loads(message.value)
-            value.pop("epoch", None)
-            if value.pop("run_id", None) == run_id:
-                records[json.dumps(value, sort_keys=True)] += 1
-        consumer.close()
-        found[topic] = records
-    return found
-
-
-def windows(settings, run_id: str) -> pd.DataFrame:
-    table = pd.read_parquet(settings.runs_dir / run_id / "windows").drop(columns=["slot", "epoch"])
-    return table.sort_values(["origin", "window_start"]).reset_index(drop=True)
-
-
-def wait_for(predicate, process: subprocess.Popen, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if process.poll() is not None:
-            pytest.fail(f"the driver exited ({process.returncode}) before {what}")
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def batches_done(run_dir: Path) -> int:
-    return len(list((run_dir / "batches").glob("*.json"))) if (run_dir / "batches").exists() else 0
-
-
-def run_oracle(settings, tmp_path_factory, flights: int = FLIGHTS, per_trigger: int = PER_TRIGGER) -> dict:
-    topic = run_id = fresh_topic(settings, "oracle", flights)
-    process = start(job_args(topic, run_id, flights, per_trigger), tmp_path_factory.mktemp("oracle") / "driver.log")
-    assert process.wait(timeout=1200) == 0, f"the oracle run failed; see {settings.runs_dir / run_id}"
-    summary = json.loads((settings.runs_dir / run_id / "summary.json").read_text())
-    assert summary["reconciled"] and summary["events_read"] == flights + 40
-    return {"summary": summary, "windows": windows(settings, run_id), "outputs": side_outputs(settings, run_id)}
-
-
-def assert_equals_the_oracle(settings, run_id: str, oracle: dict) -> dict:
-    summary = json.loads((settings.runs_dir / run_id / "summary.json").read_text())
-    assert summary["reconciled"]
-    for count in COUNTS:
-        assert summary[count] == oracle["summary"][count], count
-    pd.testing.assert_frame_equal(windows(settings, run_id), oracle["windows"])
-    outputs = side_outputs(settings, run_id)
-    for topic, records in oracle["outputs"].items():
-        assert outputs[topic] == records, f"{topic}: not the oracle's records exactly once"
-    return summary
 
 
 @pytest.fixture(scope="module")
