@@ -240,14 +240,21 @@ def verify_and_finish(
 
 
 def _record_cost(settings: Settings, record: dict[str, Any]) -> None:
-    """Give the topic's last decided switch its measured cost (the pause, seconds)."""
-    from keyshift.monitoring.results import ResultStore
+    """Make this switch the topic's last switch for the balance monitor's triggers: when, from,
+    to, and its measured cost (the pause, seconds, which includes moving the state), so that
+    cost_aware's margin and cool-down count real switches, by hand or by the monitor."""
+    import redis
+
+    from keyshift.names import redis_balance_switch_key
 
     try:
-        store = ResultStore.from_settings(settings, record["topic"])
-        if store.last_switch() is not None:
-            store.record_migration(float(record["pause_seconds"]))
-    except Exception as exc:  # the switch is done; a missing cost only leaves the default in use
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+        client.hset(redis_balance_switch_key(record["topic"]), mapping={
+            "at_s": repr(float(record.get("finished_at") or time.time())), "strategy_from": record["strategy_from"],
+            "strategy_to": record["strategy_to"], "migration_s": repr(float(record["pause_seconds"])),
+            "state_bytes_moved": int((record.get("migration") or {}).get("state_bytes_moved", 0)),
+        })
+    except redis.RedisError as exc:  # the switch is done; a missing cost only leaves the previous one in use
         log.warning("switch %s: its cost was not recorded for the monitor (%s)", record["switch_id"], exc)
 
 

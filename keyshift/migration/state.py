@@ -25,6 +25,7 @@ pandas on the driver; Spark's state reader does the reading and the new query th
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,16 +144,23 @@ def read_state(spark: SparkSession, checkpoint: Path, variables: Sequence[MapSta
         ({variable name: frame of old_token, partition_id, key, value fields...},
          frame of old_token, expiry_ms, partition_id).
     """
-    frames = {}
-    for variable in variables:
+    def variable_rows(variable: MapStateVariable) -> pd.DataFrame:
         columns = [f"key.{GROUPING_COLUMN} AS old_token", "partition_id", f"user_map_key.{variable.key_field} AS key"]
         columns += [f"user_map_value.{name} AS {name}" for name in variable.value_fields]
-        frames[variable.name] = _state_reader(spark, checkpoint, batch_id).option("stateVarName", variable.name).load().selectExpr(*columns).toPandas()
-    timers = (
-        _state_reader(spark, checkpoint, batch_id).option("readRegisteredTimers", "true").load()
-        .selectExpr(f"key.{GROUPING_COLUMN} AS old_token", f"expiration_timestamp_ms AS {EXPIRY_COLUMN}", "partition_id").toPandas()
-    )
-    return frames, timers
+        reader = _state_reader(spark, checkpoint, batch_id).option("stateVarName", variable.name)
+        return reader.load().selectExpr(*columns).toPandas()
+
+    def timer_rows() -> pd.DataFrame:
+        reader = _state_reader(spark, checkpoint, batch_id).option("readRegisteredTimers", "true")
+        return reader.load().selectExpr(f"key.{GROUPING_COLUMN} AS old_token", f"expiration_timestamp_ms AS {EXPIRY_COLUMN}",
+                                        "partition_id").toPandas()
+
+    # one Spark job per variable and one for the timers, run side by side (each loads every
+    # partition's state store; on few cores they overlap their start-up)
+    with ThreadPoolExecutor(max_workers=len(variables) + 1, thread_name_prefix="state-read") as pool:
+        frames = {variable.name: pool.submit(variable_rows, variable) for variable in variables}
+        timers = pool.submit(timer_rows)
+        return {name: future.result() for name, future in frames.items()}, timers.result()
 
 
 def _value_bytes(frame: pd.DataFrame, fields: Sequence[str]) -> np.ndarray:

@@ -40,7 +40,7 @@ class KeyedStageTaskSeconds:
 
 
 def keyed_stage_task_seconds(
-    ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0
+    ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0, skip: frozenset[int] = frozenset()
 ) -> KeyedStageTaskSeconds:
     """Executor run time per slot of each micro-batch's source and stateful stages, in seconds.
 
@@ -55,6 +55,7 @@ def keyed_stage_task_seconds(
         query_name: the streaming query's name (the first line of its stages' descriptions).
         partitions: P; only stages of exactly P tasks are keyed stages of the query.
         timeout_s: HTTP timeout per request, seconds.
+        skip: batch ids already read (their tasks are not asked for again).
 
     Returns:
         Both stages' batch id -> list of P floats (seconds, index = slot), for the batches whose
@@ -74,6 +75,8 @@ def keyed_stage_task_seconds(
             if not match or not description.startswith(query_name + "\n") or stage.get("numTasks") != partitions:
                 continue
             batch = int(match.group(1))
+            if batch in skip:
+                continue
             if stage.get("inputRecords", 0) > 0 and (batch not in source or stage["stageId"] < source[batch]["stageId"]):
                 source[batch] = stage
             if stage.get("shuffleWriteRecords", 0) == 0 and (batch not in stateful or stage["stageId"] > stateful[batch]["stageId"]):

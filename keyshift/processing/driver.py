@@ -33,6 +33,7 @@ from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
+from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
@@ -44,6 +45,66 @@ log = logging.getLogger(__name__)
 
 END_OF_INPUT_EVENT_TIME_MS = 253_402_300_799_000
 """9999-12-31T23:59:59Z: the event time of an end-of-input marker, past every real event."""
+
+
+class TaskTimeRecorder(threading.Thread):
+    """Writes `runs/<run_id>/task_seconds.json` while the run goes on, every `interval_s` seconds.
+
+    Per batch (run-wide id), the per-slot executor seconds of the source and stateful stages
+    (`keyshift.monitoring.spark_tasks`), so the balance monitor's flow network
+    (`keyshift.monitoring.flow`) can learn stage capacities from a running job. Each refresh asks
+    Spark's REST API only for batches not read yet. `follow(query_name, batch_base, partitions)`
+    points it at a new segment's query.
+    """
+
+    def __init__(self, spark: SparkSession, run_dir: Path, interval_s: float = 30.0) -> None:
+        super().__init__(daemon=True, name="task-times")
+        self._ui = spark.sparkContext.uiWebUrl
+        self._app = spark.sparkContext.applicationId
+        self._path = run_dir / "task_seconds.json"
+        self._interval_s = interval_s
+        self._stop_event = threading.Event()
+        self._query: tuple[str, int, int] | None = None
+        self._read: dict[str, set[int]] = {}
+        self.times: dict[str, dict[str, list[float]]] = {"source": {}, "stateful": {}}
+        if self._path.exists():
+            try:
+                self.times = json.loads(self._path.read_text())
+            except ValueError:
+                pass
+
+    def follow(self, query_name: str, batch_base: int, partitions: int) -> None:
+        """Read the stages of `query_name` from now on (its batch b is run-wide batch_base + b)."""
+        self.refresh()
+        self._query = (query_name, batch_base, partitions)
+
+    def refresh(self) -> None:
+        """Read the batches not read yet and rewrite the file (atomically); never raises."""
+        if self._query is None or not self._ui:
+            return
+        name, base, partitions = self._query
+        seen = self._read.setdefault(name, set())
+        try:
+            timed = keyed_stage_task_seconds(self._ui, self._app, name, partitions, skip=frozenset(seen))
+        except (requests.RequestException, ValueError) as exc:
+            log.debug("task times not read (%s)", exc)
+            return
+        for stage, per_batch in (("source", timed.source), ("stateful", timed.stateful)):
+            for batch, seconds in per_batch.items():
+                self.times[stage][str(base + batch)] = seconds
+        seen.update(timed.stateful)
+        partial = self._path.with_suffix(".tmp")
+        partial.write_text(json.dumps(self.times, indent=1))
+        partial.replace(self._path)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval_s):
+            self.refresh()
+
+    def stop(self) -> None:
+        """Stop refreshing (after one last refresh)."""
+        self._stop_event.set()
+        self.refresh()
 
 
 class PeakMemorySampler(threading.Thread):
@@ -428,12 +489,16 @@ def run_flight_delays(
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf)
         sampler = PeakMemorySampler(driver_jvm_pid(spark))
         sampler.start()
+        task_times = TaskTimeRecorder(spark, run_dir)
+        task_times.start()
         side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id, client_options(settings))
         started = time.monotonic()
         try:
-            segments, watch, sink = _run_segments(spark, settings, config, run_dir, recorder, target, stop_requested, side_outputs)
+            segments, watch, sink = _run_segments(spark, settings, config, run_dir, recorder, target, stop_requested, side_outputs,
+                                                  task_times)
         finally:
             sampler.stop()
+            task_times.stop()
             side_outputs.close()
         last = segments[-1]
         checkpoint = run_dir / last["checkpoint"]
@@ -444,7 +509,7 @@ def run_flight_delays(
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
         config = segment_config(config, last)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
-        summary.update(_task_time_summary(spark, watch["query_name"], config.partitions, run_dir))
+        summary.update(_task_time_summary(task_times.times, config.partitions))
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
         summary["resumes"] = recorder.resumes()
         summary["segments"] = len(segments)
@@ -466,7 +531,7 @@ def run_flight_delays(
 
 
 def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_dir: Path, recorder: RunRecorder, target,
-                  stop_requested, side_outputs: TransactionalSideOutputs):
+                  stop_requested, side_outputs: TransactionalSideOutputs, task_times: TaskTimeRecorder):
     """Run the run's segments: the last one's query, then, whenever a switch is asked for, cut,
     migrate and go on with the next (`keyshift.migration`), until the run is done or stopped.
 
@@ -515,6 +580,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         )
         query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
         query = stream.writeStream.foreachBatch(sink).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
+        task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions)
         if record is not None and record.get("switch_id") == segment.get("switch_id") and record.get("state") not in ("done", "failed", "rolled_back"):
             record["query_started_at"] = time.time()
             if record.get("published_at"):
@@ -525,11 +591,17 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
             and record.get("switch_id") == segment.get("switch_id") else None
         try:
+            if switching is not None:
+                try:
+                    fail_here("switch.new_query", in_driver.switch_number(segments[:-1], switching))
+                except InjectedFailure as exc:
+                    raise JobError(f"the new query failed: {exc}") from exc
             watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
                            switching, lambda rec: in_driver.verify_and_finish(
                                spark, settings, run_dir, segment, rec, control, STATE_VARIABLES, time.time(),
                                _conservation(spark, run_dir, segments, sink)))
         except JobError as exc:
+            sink.barrier.set()  # nothing more of this query reaches the outputs
             query.stop()
             if switching is None:
                 raise
@@ -692,42 +764,35 @@ def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -
     )
 
 
-def _task_time_summary(spark: SparkSession, query_name: str, partitions: int, run_dir: Path) -> dict[str, Any]:
+def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int) -> dict[str, Any]:
     """Per-slot task seconds (Σ over batches) and makespan ratios of the source and stateful stages.
 
-    `per_slot_task_seconds` and `stateful_makespan_ratio` are the stateful stage's; the source
-    stage's are `per_slot_source_task_seconds` and `source_makespan_ratio`;
-    `makespan_ratio_after_warmup` gives both without batch 0 (see `after_warmup`). The per-batch
-    times are written to `runs/<run_id>/task_seconds.json`.
+    `times` is `TaskTimeRecorder.times` (stage -> run-wide batch id -> seconds per slot, also in
+    `runs/<run_id>/task_seconds.json`). `per_slot_task_seconds` and `stateful_makespan_ratio` are
+    the stateful stage's; the source stage's are `per_slot_source_task_seconds` and
+    `source_makespan_ratio`; `makespan_ratio_after_warmup` gives both without batch 0 (see
+    `after_warmup`). A run whose switch changed P sums each slot over the batches that had it.
     """
-    empty = dict.fromkeys(("per_slot_task_seconds", "stateful_makespan_ratio", "per_slot_source_task_seconds",
-                           "source_makespan_ratio", "makespan_ratio_after_warmup"))  # all None: not timed
-    ui_url = spark.sparkContext.uiWebUrl
-    if not ui_url:
-        return empty
-    try:
-        timed = keyed_stage_task_seconds(ui_url, spark.sparkContext.applicationId, query_name, partitions)
-    except requests.RequestException as exc:
-        log.warning("Spark's REST API at %s did not answer (%s): no per-slot task times", ui_url, exc)
-        return empty
-    (run_dir / "task_seconds.json").write_text(json.dumps(
-        {"source": {str(b): s for b, s in timed.source.items()}, "stateful": {str(b): s for b, s in timed.stateful.items()}},
-        indent=1,
-    ))
+    source = {int(b): v for b, v in times.get("source", {}).items()}
+    stateful = {int(b): v for b, v in times.get("stateful", {}).items()}
+    if not stateful:
+        return dict.fromkeys(("per_slot_task_seconds", "stateful_makespan_ratio", "per_slot_source_task_seconds",
+                              "source_makespan_ratio", "makespan_ratio_after_warmup"))  # all None: not timed
 
     def totals(per_batch: dict[int, list[float]]) -> list[float]:
-        return [round(sum(batch[slot] for batch in per_batch.values()), 3) for slot in range(partitions)]
+        width = max([partitions, *(len(v) for v in per_batch.values())])
+        return [round(sum(batch[slot] for batch in per_batch.values() if slot < len(batch)), 3) for slot in range(width)]
 
     return {
-        "per_slot_task_seconds": totals(timed.stateful),
-        "stateful_makespan_ratio": makespan_ratio(timed.stateful),
-        "stateful_batches_timed": len(timed.stateful),
-        "per_slot_source_task_seconds": totals(timed.source),
-        "source_makespan_ratio": makespan_ratio(timed.source),
-        "source_batches_timed": len(timed.source),
+        "per_slot_task_seconds": totals(stateful),
+        "stateful_makespan_ratio": makespan_ratio(stateful),
+        "stateful_batches_timed": len(stateful),
+        "per_slot_source_task_seconds": totals(source),
+        "source_makespan_ratio": makespan_ratio(source),
+        "source_batches_timed": len(source),
         "makespan_ratio_after_warmup": {
-            "source": makespan_ratio(after_warmup(timed.source)),
-            "stateful": makespan_ratio(after_warmup(timed.stateful)),
+            "source": makespan_ratio(after_warmup(source)),
+            "stateful": makespan_ratio(after_warmup(stateful)),
         },
     }
 

@@ -14,6 +14,8 @@ lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outs
 | --- | --- | --- |
 | `sink.before_batch` | the sink, before it reads batch b | b-1 committed; b planned (offset log), nothing of b written |
 | `sink.after_outputs` | the sink, after b's windows file, Kafka transaction and ledger | b's outputs all written, b not committed: Spark replays b |
+| `switch.<step>` (n = the run's n-th switch) | the driver, right after step `stopped`, `migrated`, `segment` or `published` of a switch | see `keyshift.migration.switch`: redone before the segment, finished after |
+| `switch.new_query` (raises, does not kill) | the driver, once the new query of switch n started | the new query fails before its first commit: the switch rolls back |
 
 Run the driver in its own process group (`start_new_session=True`, as the detached launcher
 does), or the kill takes its parent with it.
@@ -54,3 +56,15 @@ def failpoint(name: str, batch_id: int) -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class InjectedFailure(RuntimeError):
+    """The failure a `fail_here` failpoint injects (a test's stand-in for a query that fails)."""
+
+
+def fail_here(name: str, number: int) -> None:
+    """Raise `InjectedFailure` if failpoint `name` is armed for `number` (a failure the process
+    survives, unlike `failpoint`'s SIGKILL)."""
+    if FAILPOINT_ENV in os.environ and armed() == (name, number):
+        log.warning("failpoint %s@%d: injecting a failure", name, number)
+        raise InjectedFailure(f"failpoint {name}@{number}")

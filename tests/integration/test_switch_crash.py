@@ -69,3 +69,26 @@ def test_kill_9_at_a_switch_step_then_switch_again(stack_settings, small_oracle,
     assert summary["switches"] == [record["switch_id"]] and summary["strategy"] == "least_count"
     (tmp_path / "switch.json").write_text(json.dumps({"step": step, "pause_seconds": record.get("pause_seconds"),
                                                        "step_seconds": record.get("step_seconds")}))
+
+
+def test_a_new_query_that_fails_before_its_first_commit_rolls_back(stack_settings, small_oracle, tmp_path):
+    from keyshift.migration.switch import SwitchControl
+    from keyshift.placement.assignment_store import AssignmentStore
+
+    topic = run_id = fresh_topic(stack_settings, "rollback", FLIGHTS)
+    run_dir = stack_settings.runs_dir / run_id
+    process = start(job_args(topic, run_id, FLIGHTS, PER_TRIGGER), tmp_path / "driver.log", failpoint="switch.new_query@1")
+    wait_for(lambda: batches_done(run_dir) >= 2, process, 600, "batch 2")
+
+    switched = subprocess.run([KEYSHIFT, "switch", "--run", run_id, "--strategy", "least_count", "--timeout", "300"],
+                              capture_output=True, text=True, timeout=400)
+    assert switched.returncode == 1 and "rolled_back" in switched.stderr, switched.stderr
+    record = SwitchControl.from_settings(stack_settings, run_id).current()
+    assert record["state"] == "rolled_back" and "failpoint" in record["error"]
+    # the old assignment is in force again, under an epoch newer than the switch's
+    snapshot = AssignmentStore.from_settings(stack_settings, topic).snapshot()
+    assert snapshot["strategy"] == "hash" and snapshot["epoch"] > record["epoch_to"]
+
+    assert process.wait(timeout=900) == 0, f"the run did not go on after the rollback; see {tmp_path / 'driver.log'}"
+    summary = assert_equals_the_oracle(stack_settings, run_id, small_oracle)
+    assert summary["switches"] == [] and summary["strategy"] == "hash"

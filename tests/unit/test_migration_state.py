@@ -1,0 +1,106 @@
+"""Re-keying migrated state: tokens, merges of split keys, timers, and restoring it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from keyshift.errors import JobError
+from keyshift.migration.state import (
+    EXPIRY_COLUMN, GROUPING_COLUMN, STATE_VAR_COLUMN, TIMER_VAR, MapStateVariable, initial_state_schema, rekey_state,
+    restore_initial_state,
+)
+from keyshift.processing.processor import (
+    PENDING_KEY_SCHEMA, PENDING_STATE_NAME, PENDING_VALUE_SCHEMA, STATE_VARIABLES, merge_pending_values, pack_pending,
+    unpack_pending,
+)
+
+OLD_TOKENS = (10, 11, 12, 13)  # slot -> token of the old query (P = 4)
+NEW_TOKENS = (20, 21)  # of the new one (P = 2)
+H = 3_600_000
+
+
+def pending(starts, counts, sums, maxes, ids) -> tuple[bytes, bytes]:
+    return pack_pending(np.array(starts), np.array(counts), np.array(sums), np.array(maxes)), np.array(ids, np.int64).tobytes()
+
+
+def state_frame(rows: list[tuple[int, str, tuple[bytes, bytes]]]) -> dict[str, pd.DataFrame]:
+    return {PENDING_STATE_NAME: pd.DataFrame({
+        "old_token": [t for t, _, _ in rows], "partition_id": [OLD_TOKENS.index(t) for t, _, _ in rows],
+        "key": [k for _, k, _ in rows], "partials": [v[0] for _, _, v in rows], "event_ids": [v[1] for _, _, v in rows],
+    })}
+
+
+def no_timers() -> pd.DataFrame:
+    return pd.DataFrame({"old_token": pd.Series([], dtype=np.int64), EXPIRY_COLUMN: pd.Series([], dtype=np.int64)})
+
+
+def test_each_key_gets_its_new_slots_token_and_moves_are_counted():
+    state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2])), (11, "ATL", pending([H], [1], [7], [7], [3]))])
+    slots = {"ORD": 0, "ATL": 0}  # ORD was on slot 0 and stays; ATL was on slot 1 and moves
+    migrated = rekey_state(state, no_timers(), STATE_VARIABLES, slots.__getitem__, NEW_TOKENS, OLD_TOKENS)
+    rows = migrated.rows.set_index("key")
+    assert rows.loc["ORD", GROUPING_COLUMN] == 20 and rows.loc["ATL", GROUPING_COLUMN] == 20
+    assert migrated.keys_moved == 1 and migrated.keys_total == 2
+    atl_bytes = len(state[PENDING_STATE_NAME]["partials"][1]) + len(state[PENDING_STATE_NAME]["event_ids"][1])
+    assert migrated.state_bytes_moved == atl_bytes
+    assert migrated.rows_read == {PENDING_STATE_NAME: 2} and migrated.rows_written == {PENDING_STATE_NAME: 2}
+    assert list(migrated.rows.columns) == initial_state_schema(STATE_VARIABLES).fieldNames()
+    assert set(migrated.rows[STATE_VAR_COLUMN]) == {PENDING_STATE_NAME}
+
+
+def test_the_pieces_of_a_split_key_merge_into_one_row_with_every_event():
+    state = state_frame([
+        (10, "ORD", pending([0, H], [2, 1], [5, 9], [4, 9], [1, 2, 7])),
+        (12, "ORD", pending([0, 2 * H], [1, 1], [6, 3], [6, 3], [4, 8])),
+    ])
+    migrated = rekey_state(state, no_timers(), STATE_VARIABLES, lambda key: 1, NEW_TOKENS, OLD_TOKENS)
+    assert len(migrated.rows) == 1 and migrated.rows_written == {PENDING_STATE_NAME: 1}
+    starts, counts, sums, maxes = unpack_pending(migrated.rows["partials"][0])
+    assert starts.tolist() == [0, H, 2 * H] and counts.tolist() == [3, 1, 1]
+    assert sums.tolist() == [11, 9, 3] and maxes.tolist() == [6, 9, 3]
+    ids = np.frombuffer(migrated.rows["event_ids"][0], np.int64)
+    assert sorted(ids[:3].tolist()) == [1, 2, 4] and ids[3:].tolist() == [7, 8]  # window by window
+
+
+def test_a_key_on_several_slots_without_a_merge_is_an_error():
+    variable = MapStateVariable(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA, merge=None)
+    state = state_frame([(10, "ORD", pending([0], [1], [1], [1], [1])), (11, "ORD", pending([0], [1], [1], [1], [2]))])
+    with pytest.raises(JobError, match="ORD"):
+        rekey_state(state, no_timers(), (variable,), lambda key: 0, NEW_TOKENS, OLD_TOKENS)
+
+
+def test_timers_follow_the_keys_to_every_token_that_receives_one():
+    state = state_frame([(10, "ORD", pending([0], [1], [1], [1], [1])), (10, "ATL", pending([0], [1], [1], [1], [2]))])
+    timers = pd.DataFrame({"old_token": [10, 10, 13], EXPIRY_COLUMN: [H - 1, 2 * H - 1, 5 * H - 1]})
+    slots = {"ORD": 0, "ATL": 1}
+    migrated = rekey_state(state, timers, STATE_VARIABLES, slots.__getitem__, NEW_TOKENS, OLD_TOKENS)
+    timer_rows = migrated.rows[migrated.rows[STATE_VAR_COLUMN] == TIMER_VAR]
+    assert sorted(zip(timer_rows[GROUPING_COLUMN], timer_rows[EXPIRY_COLUMN])) == [
+        (20, H - 1), (20, 2 * H - 1), (21, H - 1), (21, 2 * H - 1)]  # token 13 held no key: its timer has nothing to close
+    assert migrated.timers_read == 3 and migrated.timers_written == 4
+
+
+class FakeMapState:
+    def __init__(self) -> None:
+        self.values: dict[tuple, tuple] = {}
+
+    def updateValue(self, key: tuple, value: tuple) -> None:
+        self.values[key] = value
+
+
+def test_restore_puts_state_and_timers_back():
+    state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2]))])
+    timers = pd.DataFrame({"old_token": [10], EXPIRY_COLUMN: [H - 1]})
+    migrated = rekey_state(state, timers, STATE_VARIABLES, lambda key: 1, NEW_TOKENS, OLD_TOKENS)
+    fake, registered = FakeMapState(), []
+    restore_initial_state(migrated.rows, {PENDING_STATE_NAME: fake}, registered.append, STATE_VARIABLES)
+    assert registered == [H - 1]
+    partials, ids = fake.values[("ORD",)]
+    assert unpack_pending(partials)[1].tolist() == [2] and np.frombuffer(ids, np.int64).tolist() == [1, 2]
+
+
+def test_merge_pending_values_of_one_piece_is_that_piece():
+    value = pending([0, H], [2, 1], [5, 9], [4, 9], [1, 2, 7])
+    assert merge_pending_values([value]) == value
