@@ -39,8 +39,11 @@ Figures (the JSON written to `out`; times are wall-clock seconds, throughputs ev
   timers excluded), `state_bytes_moved` (bytes of the state values of the keys whose slot
   changed), `moved_share` and `min_moved_share` (the plan's share of state bytes moved and the
   lower bound any admissible assignment must move, `keyshift.migration.plan`), `in_driver`
-  (switched inside the running driver, or by a driver restart), `throughput_before` and
-  `throughput_after` (`segment_throughput` over the batches of the segment before and after).
+  (switched inside the running driver, or by a driver restart), `load_average_1min` (the
+  machine's, when the switch was done: other jobs lengthen pauses), `throughput_before` and
+  `throughput_after` (`segment_throughput` over the batches of the segment before and after;
+  progress.jsonl has no record of the batch a switch cuts at, the old query's last one, so
+  that batch is missing from them and from the plot).
 * `outputs_identical`: the windows tables of both runs, `slot` and `epoch` dropped, sorted by
   origin and window start, equal row by row; `counts` compares the runs' summary counts.
 * `median_pause_seconds`, `median_step_seconds` (per step over the switches), `dominant_step`
@@ -271,6 +274,7 @@ def switch_entry(record: Mapping[str, Any], progress: Sequence[Mapping[str, Any]
         "min_moved_share": least,
         "moved_share_over_min": round(moved / least, 3) if moved is not None and least else None,
         "in_driver": bool(record.get("in_driver")),
+        "load_average_1min": record.get("load_average_1min"),
         "stop_requested_s": round(requested - origin_ms / 1000, 3) if origin_ms is not None and requested else None,
         "throughput_before": segment_throughput(progress, segment - 1, skip_first=segment - 1 > 0),
         "throughput_after": segment_throughput(progress, segment, skip_first=True),
@@ -487,8 +491,8 @@ def run_switching(
     feed = _Feed(settings, topic, flights, rate, int(start.partitions))
     feed_s = flights / rate
 
-    def events_read() -> int:
-        return sum(int(r.get("input_rows") or 0) for r in read_progress(run_dir))
+    def events_read() -> int:  # the sink's count over the run (progress.jsonl misses each switch's cut batch)
+        return max((int(r.get("events_read") or 0) for r in read_progress(run_dir)), default=0)
 
     try:
         _wait_until(lambda: read_run_record(settings, run_id).get("segment") is not None, process, 600, "its query started", log_path)
@@ -515,7 +519,7 @@ def run_switching(
                     on_update=lambda r: log.info("  %s: %s at step %s", r["switch_id"], r.get("state"), r.get("step")),
                 )
                 log.info("switch %d/%d done: pause %.2f s, steps %s", number, len(switches), record["pause_seconds"], record.get("step_seconds"))
-                records.append(record)
+                records.append({**record, "load_average_1min": round(os.getloadavg()[0], 2)})
             feed.join(timeout=feed_s * 3 + 600)
             feed.check()
             if feed.is_alive():
@@ -524,7 +528,7 @@ def run_switching(
 
             def drained() -> bool:
                 rows = read_progress(run_dir)
-                bar.update(min(sum(int(r.get("input_rows") or 0) for r in rows), flights) - bar.n)
+                bar.update(min(events_read(), flights) - bar.n)
                 if not rows:
                     return False
                 last = rows[-1]
@@ -572,7 +576,7 @@ def run_switch_bench(
     Returns:
         The report (also written to `out`): `switches`, `outputs_identical`,
         `late_events_from_switches`, the medians and goals of `summarize`, `windows`, `counts`,
-        `runs`, `settings`, `plot`, `wall_seconds`.
+        `runs`, `settings`, `plot`, `wall_seconds`, `machine` (CPUs and load averages before and after).
 
     Raises:
         ConfigurationError: a bad argument or sequence. JobError: a run or a switch failed.
@@ -587,6 +591,7 @@ def run_switch_bench(
                                  f" {per_trigger}, {sample_events}, {bound_ms}")
     stack.require(settings, "kafka", "redis")
     started = time.monotonic()
+    load_before = os.getloadavg()
     oracle_id = run_oracle(settings, flights, sequence[0], per_trigger, bound_ms)
     switching_id, records = run_switching(settings, flights, rate, sequence, per_trigger, bound_ms, sample_events,
                                           switch_timeout_s, progress)
@@ -594,6 +599,9 @@ def run_switch_bench(
     report["settings"] = {"flights": flights, "rate_events_per_s": rate, "max_offsets_per_trigger": per_trigger, "bound_ms": bound_ms,
                           "sequence": [asdict(p) for p in sequence], "sample_events": sample_events}
     report["wall_seconds"] = round(time.monotonic() - started, 1)
+    # other jobs on the machine lengthen every pause: say how busy it was
+    report["machine"] = {"cpus": os.cpu_count(), "load_average_1_5_15_min_before": [round(x, 2) for x in load_before],
+                         "load_average_1_5_15_min_after": [round(x, 2) for x in os.getloadavg()]}
     progress_records = read_progress(settings.runs_dir / switching_id)
     report["plot"] = str(plot_switches(progress_records, report["switches"], out.with_suffix(".png")))
     out.parent.mkdir(parents=True, exist_ok=True)
