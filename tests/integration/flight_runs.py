@@ -20,7 +20,7 @@ from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
 
 FLIGHTS = 300_000
 PARTITIONS = 8
-PER_TRIGGER = 15_000
+PER_TRIGGER = 25_000
 KEYSHIFT = str(Path(sys.executable).parent / "keyshift")
 COUNTS = ("events_read", "windows_emitted", "sum_window_counts", "alerts", "late_events", "dead_letters", "pending_events",
           "dead_letters_by_reason")

@@ -1,6 +1,6 @@
 """kill -9 of the driver at each step of a switch, then `keyshift switch --run RUN_ID` again.
 
-60,000 real flights (plus 40 malformed records) in micro-batches of 8,000 records with a one-hour
+40,000 real flights (plus 40 malformed records) in micro-batches of 8,000 records with a one-hour
 bound; the oracle runs without a switch. Each faulty run asks `keyshift switch` to move the
 running job from hash to least_count, with a failpoint that kills the driver's whole process
 group (SIGKILL) right after a step of the switch:
@@ -28,7 +28,7 @@ from flight_runs import KEYSHIFT, assert_equals_the_oracle, batches_done, fresh_
 
 pytestmark = pytest.mark.integration
 
-FLIGHTS = 60_000
+FLIGHTS = 40_000
 PER_TRIGGER = 8_000
 STEPS = ("stopped", "migrated", "segment", "published")
 
