@@ -1,24 +1,34 @@
 """
-### keyshift switch: accept a request to move a topic's placement to another strategy
+### keyshift switch: move a running job to another strategy or P, its state migrated
 
-Started by `keyshift_balance_monitor` when its trigger decides to switch (or by hand, with a
-conf). The conf carries the decision: `topic`, `strategy` (to move to), `strategy_from` (in
-force), `reason`, `expected_gain_s` (seconds of makespan saved over the trigger's horizon),
-`trigger`, `partitions`, `decided_at` (ISO 8601) and `monitor_run_id`.
+Started by `keyshift_balance_monitor` when its trigger decides to switch (its decision is the
+conf), or by hand from the trigger form: `strategy` to move to, optionally `partitions` (a new P)
+and the job's `run_id` (empty = the latest job run on `topic`), and a `reason`. The monitor's
+conf adds `strategy_from` and `partitions_from` (what it saw in force), `expected_gain_s`
+(seconds of makespan saved over its horizon), `trigger`, `decided_at` and `monitor_run_id`.
 
-Its only task, `record_request`, validates the conf and records the request in Redis
-(`keyshift:switch:<topic>:requests`, newest first) with state `requested`, and logs it.
+1. `record_request` validates the request, names the job run (it must be running, with no switch
+   under way), takes what is in force from the run's record (a decision made on a placement the
+   run has left since is refused as stale) and records the request in Redis
+   (`keyshift:switch:<topic>:requests`, newest first).
+2. `switch` carries it out (`keyshift.migration.switch.request_switch`): plan the new assignment
+   on a sample of the topic (least state moved), then the running driver cuts its query at a
+   batch boundary, migrates every key's state to the new slots, starts the new query from the
+   committed Kafka offsets, publishes epoch e+1 and verifies placement and conservation. Each
+   step is logged as it completes; the switch record is `keyshift:switch:run:<run_id>:record`
+   (history `...:history`; `keyshift switch --run RUN_ID --history` prints it). The task fails
+   with the record's error when the switch fails or rolls back (the run then goes on under the
+   old assignment).
 
-**The migration itself is not here yet**: stopping the job at a batch boundary, moving its state
-to the new assignment and restarting it (DESIGN.md, "How a job restarts with migrated state")
-is a later issue. Until then a run of this DAG is the record that a switch was asked for.
+All logic lives in `keyshift.orchestration.monitor` and `keyshift.orchestration.switching`; this
+file only wires tasks and does nothing at import.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import dag, task
+from airflow.sdk import Param, dag, task
 
 from keyshift import names
 from keyshift.orchestration import monitor
@@ -32,15 +42,35 @@ from keyshift.orchestration import monitor
     tags=["keyshift", "migration"],
     doc_md=__doc__,
     default_args={"owner": "keyshift", "retries": 0},
+    params={
+        "run_id": Param(None, type=["null", "string"], description="The job run to switch; empty = the latest job run on the topic."),
+        "strategy": Param("least_count", type="string", enum=list(monitor.DEFAULT_CANDIDATES), description="Strategy to move to."),
+        "partitions": Param(None, type=["null", "integer"], minimum=1, description="P to move to (slots); empty = keep P."),
+        "reason": Param("requested by hand from the Airflow UI", type="string", minLength=1, description="Why; recorded with the switch."),
+        "topic": Param(names.FLIGHTS_TOPIC, type="string", description="The job's input topic (finds the run when run_id is empty)."),
+        "strategy_from": Param(None, type=["null", "string"], description="Monitor: the strategy it saw in force; empty = the run's."),
+        "partitions_from": Param(None, type=["null", "integer"], minimum=1, description="Monitor: the P it saw in force; empty = the run's."),
+        "expected_gain_s": Param(None, type=["null", "number"], description="Monitor: seconds of makespan saved over its horizon."),
+        "trigger": Param("manual", type="string", enum=list(monitor.REQUEST_TRIGGERS), description="Who decided: a monitor trigger, or manual."),
+        "decided_at": Param(None, type=["null", "string"], description="Monitor: when it decided (ISO 8601)."),
+        "monitor_run_id": Param(None, type=["null", "string"], description="Monitor: its DAG run."),
+    },
 )
 def keyshift_switch():
     @task
-    def record_request(dag_run=None, run_id=None) -> dict:
+    def record_request(params=None, run_id=None) -> dict:
         from keyshift.settings import Settings
 
-        return monitor.record_switch_request(Settings(), dict(dag_run.conf or {}), dag_run_id=run_id)
+        return monitor.record_switch_request(Settings(), dict(params), dag_run_id=run_id)
 
-    record_request()
+    @task(execution_timeout=timedelta(minutes=15))
+    def switch(request: dict) -> dict:
+        from keyshift.orchestration.switching import carry_out
+        from keyshift.settings import Settings
+
+        return carry_out(Settings(), request)
+
+    switch(record_request())
 
 
 keyshift_switch()

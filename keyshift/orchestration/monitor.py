@@ -8,7 +8,9 @@ One evaluation of a topic (`evaluate_topic`):
 2. **arrivals**: those deltas are the events each slot (partition) received: measured loads;
 3. **processed**: the job run reading the topic (the `run_id` param, else the latest run
    recorded in Redis) reports its processed events per slot; the difference from the previous
-   evaluation's counts is what each slot processed in between;
+   evaluation's counts is what each slot processed in between. That run's record also says
+   which strategy and P are in force (`placement_in_force`): a switch changes them, and the
+   `strategy` and `partitions` params only stand in when no run is recorded;
 4. **sample**: the most recent of the arrived records, at most `max_events`, are read and their
    keys sampled (every n-th or a seeded fraction); every candidate strategy is scored on the
    sample (paper 000 eq. 1, eq. 2, max/mean);
@@ -16,10 +18,12 @@ One evaluation of a topic (`evaluate_topic`):
    decides; the record (sampled figures, measured loads, decision) goes to the Parquet history
    and to Redis (latest + recent series) together with the new cursor, and a switch decision
    becomes the last switch;
-6. a switch decision yields the conf of a `keyshift_switch` run (`switch_conf`).
+6. a switch decision yields the conf of a `keyshift_switch` run (`switch_conf`), naming the
+   job run to switch.
 
-The migration itself (stop the job, move state, restart under the new assignment) is a later
-issue: `record_switch_request` only validates and records the request.
+`keyshift_switch` then calls `record_switch_request` (validate, resolve the run, record the
+request) and `keyshift.orchestration.switching.carry_out` (the switch itself,
+`keyshift.migration.switch.request_switch`).
 
 Nothing here connects to anything at import time.
 """
@@ -222,6 +226,7 @@ def evaluate_topic(
     measured = [measured_loads("arrivals", arrived, f"Kafka end-offset deltas of {topic!r} {since}")]
 
     run_id = params.run_id or latest_job_run(store.client, topic)
+    params, in_force_source = placement_in_force(store.client.hgetall(names.redis_run_key(run_id)) if run_id else {}, params)
     counts = job_counts(store.client, settings.runs_dir, run_id) if run_id else None
     if counts is not None:
         processed = since_previous(cursor.get("job_run_id"), cursor.get("job_per_slot_events"), counts)
@@ -248,7 +253,7 @@ def evaluate_topic(
         "events_seen": sampler.seen, "events_sampled": sampler.sampled, "job_run_id": run_id,
         "ranges_read": {str(p): list(r) for p, r in sample.ranges.items()},
         "consumer_lag": {"total": sum(lag.values()), "per_partition": {str(p): n for p, n in lag.items()}} if lag is not None else None,
-        "rescale": rescale, "rescale_reason": rescale_reason,
+        "rescale": rescale, "rescale_reason": rescale_reason, "in_force_source": in_force_source,
     }
 
     trigger = trigger_by_name(params.trigger, **params.trigger_options())
@@ -282,7 +287,8 @@ def evaluate_topic(
         # a change of P goes through the same switch: with the strategy switch, or on its own
         alone = conf is None
         conf = conf or {
-            "topic": topic, "strategy_from": params.strategy, "strategy": params.strategy, "reason": rescale["why"], "expected_gain_s": 0.0,
+            "topic": topic, "run_id": run_id, "strategy_from": params.strategy, "strategy": params.strategy,
+            "partitions_from": partitions, "reason": rescale["why"], "expected_gain_s": 0.0,
             "trigger": params.trigger, "decided_at": record["at"], "monitor_run_id": monitor_run_id,
         }
         conf["partitions"] = rescale["recommended"]
@@ -290,7 +296,7 @@ def evaluate_topic(
             SwitchRequest(**conf)
             rescale["switch"] = f"requested: P {rescale['current']} -> {rescale['recommended']}" + ("" if alone else f" with the switch to {decision.strategy}")
         except ValidationError as exc:
-            rescale["switch"] = f"not requested: keyshift_switch refuses a change of P alone ({exc.errors()[0]['msg']})"
+            rescale["switch"] = f"not requested: keyshift_switch would refuse it ({exc.errors()[0]['msg']})"
             conf = None
         log.info("%s: rescale %s", topic, rescale["switch"])
     switch = LastSwitch(now_s, params.strategy, decision.strategy) if decision.switch else None
@@ -305,6 +311,32 @@ def evaluate_topic(
             **flow_cursor,
         }, switch=switch)
     return {"record": record, "switch_conf": conf}
+
+
+def placement_in_force(run_record: dict[str, str], params: MonitorParams) -> tuple[MonitorParams, str]:
+    """`params` with the strategy and P in force, and where they come from.
+
+    The job run's Redis record (`names.redis_run_key`) carries the strategy and P of its current
+    segment: the launcher writes them, and the driver rewrites them (with `epoch` and `segment`)
+    at each switch. When the record has them they are in force, whatever the `strategy` and
+    `partitions` params say (those label a topic no recorded run reads); so after a switch the
+    monitor scores the new placement and does not ask for the same switch again.
+
+    Args:
+        run_record: the run record's fields (empty when no run is recorded). params: validated params.
+
+    Returns:
+        (params with `strategy` and `partitions` in force, `"run record <run_id> (epoch e, segment s)"` or `"monitor params"`).
+    """
+    strategy, partitions = run_record.get("strategy"), run_record.get("partitions")
+    if not strategy or not (partitions or "").isdigit():
+        return params, "monitor params"
+    source = f"run record {run_record.get('run_id')} (epoch {run_record.get('epoch', '?')}, segment {run_record.get('segment', 0)})"
+    given = params.partitions or "the topic's"
+    said = f"{params.strategy} over {given}"
+    log.info("%s: in force per %s: %s over %s slots%s", params.topic, source, strategy, partitions,
+             "" if said == f"{strategy} over {partitions}" else f" (the monitor's params say {said} slots)")
+    return params.model_copy(update={"strategy": _check_label(strategy), "partitions": int(partitions)}), source
 
 
 def _rescale(
@@ -378,92 +410,174 @@ def _record_without_sample(at: datetime, context: dict[str, Any], decision: obje
 def switch_conf(record: dict[str, Any], params: MonitorParams, monitor_run_id: str | None = None) -> dict[str, Any]:
     """The conf of a `keyshift_switch` run for a record whose decision is to switch (`SwitchRequest` fields).
 
+    `params` holds the strategy and P in force (`placement_in_force`); `run_id` is the job run the
+    evaluation read (`job_run_id`; None when no run is recorded: `keyshift_switch` then takes the
+    latest running one on the topic).
+
     Raises:
         ConfigurationError: the record's decision is not a switch.
     """
     decision = record.get("decision") or {}
     if not decision.get("switch"):
         raise ConfigurationError(f"the decision of {record.get('at')} is to stay on {decision.get('strategy')}; no switch to request")
+    partitions = int(record["evaluation"]["partitions"])
     return {
         "topic": params.topic,
+        "run_id": record.get("job_run_id"),
         "strategy_from": params.strategy,
         "strategy": decision["strategy"],
+        "partitions_from": partitions,
+        "partitions": partitions,
         "reason": decision["reason"],
         "expected_gain_s": float(decision["expected_gain_s"]),
         "trigger": decision["trigger"],
-        "partitions": int(record["evaluation"]["partitions"]),
         "decided_at": record["at"],
         "monitor_run_id": monitor_run_id,
     }
 
 
+REQUEST_TRIGGERS = ("periodic", "count", "threshold", "cost_aware", "manual")
+"""Who asked for a switch: one of the monitor's triggers, or `manual` (the trigger form, by hand)."""
+
+
 class SwitchRequest(BaseModel):
-    """A request to move a topic's placement to another strategy: the conf of a `keyshift_switch` run.
+    """A request to move a job run to another strategy, another P, or both: the conf of a `keyshift_switch` run.
+
+    The monitor's conf fills every field; a request by hand (the trigger form) may give only
+    `strategy` (and `partitions`, `run_id`, `reason`): `record_switch_request` fills in the run
+    and what is in force from the run's record.
 
     Attributes:
-        topic: the input topic. strategy: the strategy to move to. strategy_from: the one in force.
-        reason: the trigger's sentence, with its figures. expected_gain_s: makespan saved over
-            the trigger's horizon, seconds. trigger: which trigger decided. partitions: P.
-        decided_at: when the monitor decided (ISO 8601). monitor_run_id: the monitor's DAG run, if any.
+        topic: the input topic. run_id: the job run to switch; None = the latest running one on
+            the topic. strategy: the strategy to move to. strategy_from: the one in force (None:
+            read from the run). partitions: P to move to (None: keep P). partitions_from: P in
+            force (None: read from the run). reason: why, recorded. expected_gain_s: makespan
+            saved over the trigger's horizon, seconds (None by hand). trigger: which trigger
+            decided (`REQUEST_TRIGGERS`). decided_at: when (ISO 8601; None by hand).
+            monitor_run_id: the monitor's DAG run, if any.
+
+    A request must change something: a strategy other than `strategy_from`, or the same strategy
+    with `partitions` other than `partitions_from` (a change of P alone, the monitor's rescale).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    topic: str
+    topic: str = names.FLIGHTS_TOPIC
+    run_id: str | None = None
     strategy: str
-    strategy_from: str
+    strategy_from: str | None = None
+    partitions: int | None = Field(None, ge=1)
+    partitions_from: int | None = Field(None, ge=1)
     reason: str = Field(min_length=1)
-    expected_gain_s: float
-    trigger: Literal["periodic", "count", "threshold", "cost_aware"]
-    partitions: int = Field(ge=1)
-    decided_at: datetime
+    expected_gain_s: float | None = None
+    trigger: Literal["periodic", "count", "threshold", "cost_aware", "manual"] = "manual"
+    decided_at: datetime | None = None
     monitor_run_id: str | None = None
 
     @field_validator("strategy", "strategy_from")
     @classmethod
-    def _known(cls, value: str) -> str:
-        return _check_label(value)
+    def _known(cls, value: str | None) -> str | None:
+        return value if value is None else _check_label(value)
 
     @model_validator(mode="after")
     def _a_change(self) -> SwitchRequest:
-        if self.strategy == self.strategy_from:
-            raise ValueError(f"strategy and strategy_from are both {self.strategy!r}: nothing to switch")
+        if self.strategy_from is None or self.strategy != self.strategy_from:
+            return self
+        if self.partitions is None or self.partitions_from is None:
+            raise ValueError(f"strategy and strategy_from are both {self.strategy!r} and no change of P is given "
+                             f"(partitions {self.partitions}, partitions_from {self.partitions_from}): nothing to switch")
+        if self.partitions == self.partitions_from:
+            raise ValueError(f"strategy and strategy_from are both {self.strategy!r} and P stays {self.partitions}: nothing to switch")
         return self
 
 
-def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: str | None = None) -> dict[str, Any]:
-    """Validate a `keyshift_switch` conf and record it in Redis (newest first, the last 100 kept).
+def _switch_request(conf: dict[str, Any]) -> SwitchRequest:
+    try:
+        return SwitchRequest(**conf)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'conf'}: {e['msg']}" for e in exc.errors())
+        raise ConfigurationError(f"bad keyshift_switch conf {conf!r}: {problems}") from exc
 
-    The migration itself is a later issue: the record says `state: requested`.
+
+def _switch_target(client: Any, request: SwitchRequest) -> dict[str, str]:
+    """The run record of the run `request` switches: its `run_id`, else the latest run on its topic.
+
+    Raises:
+        ConfigurationError: no such run, a run that is not running, or one with a switch under way.
+    """
+    from keyshift.migration.switch import SwitchControl
+    from keyshift.monitoring.loads import latest_job_run
+
+    run_id = request.run_id or latest_job_run(client, request.topic)
+    if run_id is None:
+        raise ConfigurationError(f"no job run on topic {request.topic!r} is recorded in Redis; start one with keyshift_pipeline "
+                                 f"(limit empty: a continuous run), or name the run in the conf's run_id")
+    record = client.hgetall(names.redis_run_key(run_id))
+    if not record:
+        raise ConfigurationError(f"run {run_id!r} has no record {names.redis_run_key(run_id)} in Redis; name a run the job recorded")
+    if record.get("state") != "running":
+        which = "" if request.run_id else f"the latest job run on topic {request.topic!r}, "
+        raise ConfigurationError(f"run {run_id} ({which}state {record.get('state')!r}) is not running: a switch moves a running job; "
+                                 f"launch one with keyshift_pipeline, or wait until this one runs")
+    under_way = SwitchControl(client, run_id).pending()
+    if under_way is not None:
+        raise ConfigurationError(f"switch {under_way['switch_id']} of run {run_id} to {under_way['strategy_to']} is under way "
+                                 f"(step {under_way['step']}); wait for it, or finish it with `keyshift switch --run {run_id}`")
+    return record
+
+
+def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: str | None = None) -> dict[str, Any]:
+    """Validate a `keyshift_switch` conf, resolve its job run and record the request in Redis.
+
+    The run is the conf's `run_id`, else the latest run recorded on the conf's topic; it must be
+    running, with no switch under way. What is in force comes from its record (strategy,
+    partitions, topic); a `strategy_from` or `partitions_from` in the conf that differs from it
+    is a stale decision (the run has switched since) and is refused. The request goes to
+    `keyshift:switch:<topic>:requests` (newest first, the last 100 kept).
 
     Args:
         settings: where Redis is. conf: the run's conf (`SwitchRequest` fields). dag_run_id: the run, for tracing.
 
     Returns:
-        The stored record: the request's fields, `dag_run_id`, `accepted_at` (ISO 8601), `state`.
+        The stored record: the request's fields with the run and what is in force filled in,
+        `dag_run_id`, `accepted_at` (ISO 8601), `state` (`requested`), `switch_record_key` (where
+        the switch itself is recorded, `keyshift.migration.switch`).
 
     Raises:
-        ConfigurationError: the conf is not a valid request (every problem named).
+        ConfigurationError: the conf is not a valid request (every problem named), its run cannot
+            be switched now, or the decision is stale.
         StackError: Redis is unreachable.
     """
     from keyshift.runs import redis_client
 
-    try:
-        request = SwitchRequest(**dict(conf or {}))
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'conf'}: {e['msg']}" for e in exc.errors())
-        raise ConfigurationError(f"bad keyshift_switch conf {dict(conf or {})!r}: {problems}") from exc
+    given = _switch_request(dict(conf or {}))
+    client = redis_client(settings)
+    run = _switch_target(client, given)
+    strategy_from, partitions_from = run.get("strategy"), int(run.get("partitions") or 0) or None
+    stale = [f"{name} {said!r} (the run has {has!r})" for name, said, has in (
+        ("strategy_from", given.strategy_from, strategy_from), ("partitions_from", given.partitions_from, partitions_from))
+        if said is not None and said != has]
+    if stale:
+        raise ConfigurationError(f"stale switch request for run {run['run_id']}: {', '.join(stale)}; it has switched since "
+                                 f"the decision of {given.decided_at}; the monitor's next evaluation decides again")
+    if run.get("topic") and run["topic"] != given.topic:
+        log.info("run %s reads %r, not %r: switching it on its own topic", run["run_id"], run["topic"], given.topic)
+    request = _switch_request({
+        **given.model_dump(), "run_id": run["run_id"], "topic": run.get("topic") or given.topic, "strategy_from": strategy_from,
+        "partitions_from": partitions_from, "partitions": given.partitions or partitions_from,
+        "decided_at": given.decided_at or datetime.now(timezone.utc),
+    })
     record = {
-        **request.model_dump(mode="json"), "dag_run_id": dag_run_id,
-        "accepted_at": datetime.now(timezone.utc).isoformat(), "state": "requested",
+        **request.model_dump(mode="json"), "dag_run_id": dag_run_id, "accepted_at": datetime.now(timezone.utc).isoformat(),
+        "state": "requested", "switch_record_key": names.redis_switch_record_key(request.run_id),
     }
     key = names.redis_switch_requests_key(request.topic)
-    client = redis_client(settings)
     with client.pipeline(transaction=True) as pipe:
         pipe.lpush(key, json.dumps(record, sort_keys=True))
         pipe.ltrim(key, 0, SWITCH_REQUESTS_KEPT - 1)
         pipe.execute()
-    log.info("switch of %r from %s to %s requested (%s, expected gain %.2f s): %s; recorded in %s; "
-             "the migration itself is not built yet", request.topic, request.strategy_from, request.strategy,
-             request.trigger, request.expected_gain_s, request.reason, key)
+    gain = f", expected gain {request.expected_gain_s:.2f} s" if request.expected_gain_s is not None else ""
+    log.info("switch of run %s on %r requested: %s/P=%d -> %s/P=%d (%s%s): %s; recorded in %s", request.run_id, request.topic,
+             request.strategy_from, request.partitions_from, request.strategy, request.partitions, request.trigger, gain,
+             request.reason, key)
     return record

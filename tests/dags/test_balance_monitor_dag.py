@@ -5,13 +5,15 @@ Pure tests (no services): the DAGs' wiring, schedule and params, and the short-c
 Integration tests (`-m integration`, need `keyshift stack up`; skipped when Kafka or Redis does
 not answer): `dag.test()` of `keyshift_balance_monitor` on a topic of its own in the real Kafka
 with the real Redis, once with a trigger that must switch (threshold θ = 1.0 on a skewed
-stream: the `keyshift_switch` run exists in Airflow's database with the decision as its conf,
-and `dag.test()` of `keyshift_switch` with that conf records the request in Redis) and once with
-a trigger that must stay (θ = 0.0: no `keyshift_switch` run).
+stream: the `keyshift_switch` run exists in Airflow's database with the decision as its conf;
+`dag.test()` of `keyshift_switch` with that conf refuses it, since no job run reads the topic)
+and once with a trigger that must stay (θ = 0.0: no `keyshift_switch` run). The switch of a
+running job through the running Airflow is `tests/integration/test_airflow_switch.py`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -71,10 +73,28 @@ def test_switch_decided_short_circuits_on_stay(bag, conf, passes):
     assert bool(task.python_callable({"switch_conf": conf})) is passes
 
 
-def test_switch_dag_is_manual_and_says_migration_is_later(bag):
+def test_switch_dag_records_then_switches(bag):
     dag = bag.dags[names.SWITCH_DAG_ID]
-    assert dag.schedule is None and [t.task_id for t in dag.tasks] == ["record_request"]
-    assert "later issue" in dag.doc_md
+    upstream = {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks}
+    assert dag.schedule is None and upstream == {"record_request": [], "switch": ["record_request"]}
+    assert "request_switch" in dag.doc_md and "later issue" not in dag.doc_md
+    assert dag.task_dict["switch"].execution_timeout is not None
+
+
+def test_switch_dag_params_take_the_monitors_conf_and_the_trigger_form(bag):
+    from keyshift.orchestration.monitor import SwitchRequest
+
+    params = bag.dags[names.SWITCH_DAG_ID].params
+    assert set(params.dump()) == set(SwitchRequest.model_fields)  # every conf field has a form field, and no other
+    form = params.dump()
+    assert form["run_id"] is None and form["partitions"] is None and form["trigger"] == "manual"
+    SwitchRequest(**form)  # the form's defaults are a valid request by hand (the run is filled in later)
+    conf = {"topic": "flights", "run_id": "r1", "strategy_from": "hash", "strategy": "least_count", "partitions_from": 8,
+            "partitions": 8, "reason": "threshold: 0.29 < 0.6", "expected_gain_s": 24.5, "trigger": "threshold",
+            "decided_at": "2026-01-01T00:00:00+00:00", "monitor_run_id": "scheduled__2026-01-01"}
+    merged = copy.deepcopy(params)
+    merged.update(conf)  # each value is checked against its param's schema
+    assert merged.validate()["partitions_from"] == 8  # the monitor's conf passes the form
 
 
 # ---------------------------------------------------------------- integration
@@ -191,10 +211,11 @@ def test_dag_test_switch_decision_triggers_keyshift_switch(airflow_env, stack_se
     assert latest["decision"]["switch"] is True and latest["decision"]["strategy"] == "least_count"
     assert client.hget(names.redis_balance_switch_key(topic), "strategy_to") == "least_count"
 
+    # no job run reads the topic: the request is refused before anything is recorded or switched
+    assert conf["run_id"] is None and conf["partitions_from"] == conf["partitions"] == 4
     switched = _dag_test(airflow_env, names.SWITCH_DAG_ID, conf, "record_request")
-    assert switched["state"] == "success" and switched["tasks"] == {"record_request": "success"}
-    stored = json.loads(client.lindex(names.redis_switch_requests_key(topic), 0))
-    assert stored["strategy"] == "least_count" and stored["state"] == "requested" and stored["dag_run_id"] == switched["run_id"]
+    assert switched["state"] == "failed" and switched["tasks"] == {"record_request": "failed", "switch": "upstream_failed"}
+    assert client.llen(names.redis_switch_requests_key(topic)) == 0
 
 
 @pytest.mark.integration
@@ -211,7 +232,87 @@ def test_dag_test_stay_decision_triggers_nothing(airflow_env, stack_settings, to
 
 @pytest.mark.integration
 def test_switch_dag_refuses_a_bad_conf(airflow_env, stack_settings):
-    bad = {"topic": "flights", "strategy": "hash", "strategy_from": "hash", "reason": "", "expected_gain_s": 1.0,
-           "trigger": "threshold", "partitions": 4, "decided_at": "2026-01-01T00:00:00+00:00"}
+    bad = {"topic": "flights", "strategy": "hash", "strategy_from": "hash", "partitions": 4, "partitions_from": 4,
+           "reason": "nothing changes", "expected_gain_s": 1.0, "trigger": "threshold", "decided_at": "2026-01-01T00:00:00+00:00"}
     result = _dag_test(airflow_env, names.SWITCH_DAG_ID, bad, "record_request")
-    assert result["state"] == "failed" and result["tasks"] == {"record_request": "failed"}
+    assert result["state"] == "failed" and result["tasks"] == {"record_request": "failed", "switch": "upstream_failed"}
+
+
+# ------------------------------------------------ record_request: the run and what is in force, against the real Redis
+
+
+@pytest.fixture
+def run_records(stack_settings):
+    """Write run records in the real Redis on a topic of their own (no Kafka needed); removed after."""
+    import redis
+
+    client = redis.Redis.from_url(stack_settings.redis_url, decode_responses=True)
+    topic, written = f"keyshift-test-switch-{uuid.uuid4().hex[:8]}", []
+
+    def write(state: str, strategy: str = "hash", partitions: int = 8, started_at: float = 1.0) -> str:
+        run_id = f"{topic}-{len(written)}"
+        client.hset(names.redis_run_key(run_id), mapping={"run_id": run_id, "topic": topic, "state": state, "strategy": strategy,
+                                                          "partitions": str(partitions), "started_at": str(started_at)})
+        written.append(run_id)
+        return run_id
+
+    yield topic, write, client
+    for run_id in written:
+        client.delete(names.redis_run_key(run_id), names.redis_switch_record_key(run_id))
+    client.delete(names.redis_switch_requests_key(topic))
+    client.close()
+
+
+MONITOR_CONF = {"strategy_from": "hash", "strategy": "least_count", "partitions_from": 8, "partitions": 8, "reason": "threshold: 0.29 < 0.6",
+                "expected_gain_s": 24.5, "trigger": "threshold", "decided_at": "2026-01-01T00:00:00+00:00", "monitor_run_id": "m1"}
+
+
+@pytest.mark.integration
+def test_record_request_names_the_latest_run_and_records_it(stack_settings, run_records):
+    from keyshift.orchestration.monitor import record_switch_request
+
+    topic, write, client = run_records
+    write("stopped", started_at=1.0)
+    running = write("running", started_at=2.0)
+    stored = record_switch_request(stack_settings, {**MONITOR_CONF, "topic": topic, "run_id": None}, dag_run_id="d1")
+    assert (stored["run_id"], stored["state"], stored["dag_run_id"]) == (running, "requested", "d1")
+    assert stored["switch_record_key"] == names.redis_switch_record_key(running)
+    assert json.loads(client.lindex(names.redis_switch_requests_key(topic), 0)) == stored
+
+    # by hand: only the strategy (and P); what is in force comes from the run
+    by_hand = record_switch_request(stack_settings, {"topic": topic, "strategy": "hash", "partitions": 12, "reason": "more slots"})
+    assert (by_hand["strategy_from"], by_hand["partitions_from"], by_hand["partitions"], by_hand["trigger"]) == ("hash", 8, 12, "manual")
+    assert by_hand["decided_at"] and client.llen(names.redis_switch_requests_key(topic)) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("stale", "stale switch request"),  # the run switched to least_count since the decision
+        ("stopped", "is not running"),
+        ("no run", "no job run on topic"),
+        ("under way", "is under way"),
+        ("no change", "nothing to switch"),  # by hand: the strategy and P already in force
+    ],
+)
+def test_record_request_refuses(stack_settings, run_records, case, match):
+    from keyshift.errors import ConfigurationError
+    from keyshift.orchestration.monitor import record_switch_request
+
+    topic, write, client = run_records
+    conf = {**MONITOR_CONF, "topic": topic}
+    if case == "stale":
+        write("running", strategy="least_count")
+    elif case == "stopped":
+        conf["run_id"] = write("stopped")
+    elif case == "under way":
+        run_id = write("running")
+        client.set(names.redis_switch_record_key(run_id), json.dumps({"switch_id": "sw-1", "state": "running", "step": "stopped",
+                                                                       "strategy_to": "hot_split"}))
+    elif case == "no change":
+        write("running", strategy="least_count")
+        conf = {"topic": topic, "strategy": "least_count", "reason": "by hand"}
+    with pytest.raises(ConfigurationError, match=match):
+        record_switch_request(stack_settings, conf)
+    assert client.llen(names.redis_switch_requests_key(topic)) == 0

@@ -278,11 +278,18 @@ def test_balance_show_prints_the_rescale_line() -> None:
 # ---------------------------------------------------------------- the monitor's evaluation (Kafka and Redis faked)
 
 
+class _NoRunRecords:
+    """A Redis without run records (evaluate_topic reads the one of its job run for what is in force)."""
+
+    def hgetall(self, key: str) -> dict:
+        return {}
+
+
 class _Store:
     """ResultStore's surface that evaluate_topic uses, in memory."""
 
     def __init__(self) -> None:
-        self.client, self.cursor_fields, self.records = None, {}, []
+        self.client, self.cursor_fields, self.records = _NoRunRecords(), {}, []
 
     def cursor(self) -> dict:
         return dict(self.cursor_fields)
@@ -343,8 +350,11 @@ def test_the_monitor_records_the_recommendation_and_asks_the_switch_for_it(monit
     rescale = third["rescale"]
     assert (rescale["current"], rescale["recommended"], rescale["bottleneck"], rescale["cores"]) == (4, 5, "stateful", 4)
     assert rescale["lag_trend"] == pytest.approx(40_000 / 600)
-    # the decision is to stay on hash; a change of P alone is refused by today's SwitchRequest, and the record says so
-    assert results[2]["switch_conf"] is None and rescale["switch"].startswith("not requested")
+    # the decision is to stay on hash: the change of P alone is asked of keyshift_switch, for run r1
+    conf = results[2]["switch_conf"]
+    assert rescale["switch"] == "requested: P 4 -> 5"
+    assert (conf["strategy_from"], conf["strategy"], conf["partitions_from"], conf["partitions"], conf["run_id"]) == ("hash", "hash", 4, 5, "r1")
+    assert monitor.module.SwitchRequest(**conf).partitions == 5
 
 
 def test_the_monitor_puts_the_recommended_p_into_a_strategy_switch(monitor) -> None:

@@ -140,15 +140,19 @@ def test_default_candidates_are_the_job_strategies() -> None:
     assert set(DEFAULT_CANDIDATES) == set(JOB_STRATEGIES)
 
 
-GOOD_REQUEST = {"topic": "flights", "strategy": "least_count", "strategy_from": "hash", "reason": "threshold: 0.29 < 0.6",
-                "expected_gain_s": 24.5, "trigger": "threshold", "partitions": 8, "decided_at": "2026-01-01T00:00:00+00:00"}
+GOOD_REQUEST = {"topic": "flights", "run_id": "r1", "strategy": "least_count", "strategy_from": "hash", "reason": "threshold: 0.29 < 0.6",
+                "expected_gain_s": 24.5, "trigger": "threshold", "partitions": 8, "partitions_from": 8,
+                "decided_at": "2026-01-01T00:00:00+00:00", "monitor_run_id": "scheduled__2026-01-01"}
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        {"strategy": "hash"},  # no change of strategy
+        {"strategy": "hash"},  # the same strategy and P: nothing to switch
+        {"strategy": "hash", "partitions_from": None},  # the same strategy, and the P in force unknown
+        {"strategy": "hash", "partitions": None},  # the same strategy, P kept
         {"strategy": "nope"},  # unknown strategy
+        {"strategy_from": "nope"},
         {"reason": ""},  # no reason
         {"partitions": 0},
         {"trigger": "sometimes"},
@@ -162,8 +166,59 @@ def test_switch_request_refuses(change) -> None:
         SwitchRequest(**{**GOOD_REQUEST, **change})
 
 
-def test_switch_request_accepts_the_monitors_conf() -> None:
-    assert SwitchRequest(**GOOD_REQUEST).strategy == "least_count"
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},  # the monitor's conf: another strategy at the same P
+        {"partitions": 12},  # another strategy and another P
+        {"strategy": "hash", "partitions": 12},  # a change of P alone (the monitor's rescale)
+        {"strategy": "hash", "partitions": 4},  # fewer slots
+        {"run_id": None},  # the latest run on the topic
+    ],
+)
+def test_switch_request_accepts(change) -> None:
+    request = SwitchRequest(**{**GOOD_REQUEST, **change})
+    assert (request.strategy, request.partitions) == (change.get("strategy", "least_count"), change.get("partitions", 8))
+
+
+def test_switch_request_by_hand_needs_only_the_strategy_and_a_reason() -> None:
+    request = SwitchRequest(strategy="least_count", reason="by hand")
+    assert (request.topic, request.run_id, request.strategy_from, request.partitions, request.trigger) == ("flights", None, None, None, "manual")
+    assert SwitchRequest(strategy="hash", partitions=12, reason="more slots").partitions == 12  # what is in force is read later
+
+
+# ---------------------------------------------------------------- what is in force
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({}, ("hash", None, "monitor params")),  # no run recorded: the params stand
+        ({"run_id": "r1", "state": "starting"}, ("hash", None, "monitor params")),  # a record without placement yet
+        ({"run_id": "r1", "strategy": "hash", "partitions": "8"}, ("hash", 8, "run record r1 (epoch ?, segment 0)")),
+        # after a switch the driver rewrote the record: the new strategy and P are in force
+        ({"run_id": "r1", "strategy": "least_count", "partitions": "12", "epoch": "3", "segment": "1"},
+         ("least_count", 12, "run record r1 (epoch 3, segment 1)")),
+    ],
+)
+def test_placement_in_force_comes_from_the_run_record(record, expected) -> None:
+    from keyshift.orchestration.monitor import placement_in_force
+
+    params, source = placement_in_force(record, monitor_params({"strategy": "hash", "trigger": "threshold"}))
+    assert (params.strategy, params.partitions, source) == expected
+    assert params.trigger == "threshold"  # the other params are kept
+
+
+def test_switch_conf_names_the_run_and_what_is_in_force() -> None:
+    from keyshift.orchestration.monitor import switch_conf
+
+    record = {"at": "2026-01-01T00:00:00+00:00", "job_run_id": "r1", "evaluation": {"partitions": 12},
+              "decision": {"switch": True, "strategy": "hot_split", "reason": "threshold: 0.5 < 0.6", "expected_gain_s": 3, "trigger": "threshold"}}
+    conf = switch_conf(record, monitor_params({"strategy": "least_count", "partitions": 12}), "m1")
+    assert (conf["run_id"], conf["strategy_from"], conf["strategy"], conf["partitions_from"], conf["partitions"]) == ("r1", "least_count", "hot_split", 12, 12)
+    assert SwitchRequest(**conf).monitor_run_id == "m1"
+    with pytest.raises(ConfigurationError, match="stay"):
+        switch_conf({**record, "decision": {"switch": False, "strategy": "hash"}}, monitor_params({}))
 
 
 # ---------------------------------------------------------------- Parquet history read back
