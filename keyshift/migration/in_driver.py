@@ -114,24 +114,15 @@ def migrate(
 
     t = time.monotonic()
     partitions = int(record["partitions_to"])
-    mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
-    from keyshift.placement.strategies import strategy_by_name
-
-    rule = strategy_by_name(record["strategy_to"], partitions) if record["strategy_to"] in ("hash", "modulo") else None
-
-    def slot_of(key: str) -> int:
-        if key in split:
-            return int(split[key][0])
-        if key in mapping:
-            return int(mapping[key])
-        return (rule or strategy_by_name("hash", partitions)).slot_of(key)
-
     if cut is not None:
         state, timers = read_state(spark, old_checkpoint, variables, cut)
     else:
         import pandas as pd
 
-        state, timers = {v.name: pd.DataFrame(columns=["old_token", "partition_id", "key", *v.value_fields]) for v in variables}, pd.DataFrame(columns=["old_token", "expiry_ms", "partition_id"])
+        state = {v.name: pd.DataFrame(columns=["old_token", "partition_id", "key", *v.value_fields]) for v in variables}
+        timers = pd.DataFrame(columns=["old_token", "expiry_ms", "partition_id"])
+    record = complete_mapping(record, {str(k) for frame in state.values() for k in frame["key"]})
+    slot_of = slot_function(record)
     migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions), slot_tokens(int(old["partitions"])))
     index = int(old["index"]) + 1
     state_file = f"switches/{record['switch_id']}/initial_state.parquet"
@@ -149,8 +140,8 @@ def migrate(
     learned = record["strategy_to"] not in ("hash", "modulo")
     segment = {
         "index": index, "checkpoint": f"checkpoint-{index}", "strategy": record["strategy_to"], "partitions": partitions,
-        "epoch": int(record["epoch_to"]), "assignment": {k: int(v) for k, v in mapping.items()} if learned else None,
-        "split": {k: list(v) for k, v in split.items()} or None, "topic": topic,
+        "epoch": int(record["epoch_to"]), "assignment": {k: int(v) for k, v in record["mapping"].items()} if learned else None,
+        "split": {k: list(v) for k, v in (record.get("split") or {}).items()} or None, "topic": topic,
         "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": base, "watermark_floor_ms": floor,
         "initial_state": state_file, "switch_id": record["switch_id"],
     }
@@ -164,6 +155,55 @@ def migrate(
     failpoint("switch.published", number)
     log.info("switch %s: migrated %s in %.2f s", record["switch_id"], migrated.summary(), time.monotonic() - started)
     return segments
+
+
+def slot_function(record: dict[str, Any]) -> Callable[[str], int]:
+    """key -> its slot under the switch's new assignment: a split key's first piece, a mapped
+    key's slot, else the rule (hash for a learned strategy's keys that no one has placed yet,
+    which `complete_mapping` makes none of those holding state)."""
+    from keyshift.placement.strategies import strategy_by_name
+
+    partitions = int(record["partitions_to"])
+    mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
+    rule = strategy_by_name(record["strategy_to"] if record["strategy_to"] in ("hash", "modulo") else "hash", partitions)
+
+    def slot_of(key: str) -> int:
+        if key in split:
+            return int(split[key][0])
+        if key in mapping:
+            return int(mapping[key])
+        return rule.slot_of(key)
+
+    return slot_of
+
+
+def complete_mapping(record: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """Give every key that holds state a slot in a learned strategy's new mapping.
+
+    The plan maps the keys of its sample (the topic's most recent records); a key with state
+    but absent from the sample (an airport quiet lately) would otherwise be placed by the job
+    through the store's atomic assign, on whatever slot that picks, while its state went
+    elsewhere. Such keys go on the least loaded slot, by their state rows, in key order; they
+    are published with the rest. Rule strategies need nothing: the rule places every key.
+    """
+    if record["strategy_to"] in ("hash", "modulo"):
+        return record
+    mapping, split = dict(record["mapping"]), record.get("split") or {}
+    missing = sorted(k for k in keys if k not in mapping and k not in split)
+    if missing:
+        partitions = int(record["partitions_to"])
+        held = [0] * partitions
+        for slot in mapping.values():
+            held[int(slot)] += 1
+        for key in missing:
+            slot = min(range(partitions), key=lambda s: (held[s], s))
+            mapping[key] = slot
+            held[slot] += 1
+        log.info("switch %s: %d key(s) with state but not in the plan's sample placed on the least loaded slots: %s",
+                 record["switch_id"], len(missing), ", ".join(missing[:10]))
+        record["mapping"] = mapping
+        record["keys_added_to_plan"] = len(missing)
+    return record
 
 
 def publish(settings: Settings, record: dict[str, Any], restore: bool = False) -> int:
@@ -213,14 +253,11 @@ def verify_and_finish(
     pause = first_commit_at - float(record.get("stop_requested_at") or first_commit_at)
     if record.get("query_started_at"):
         record.setdefault("step_seconds", {})["first_batch"] = round(first_commit_at - float(record["query_started_at"]), 3)
-    mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
-    from keyshift.placement.strategies import strategy_by_name
-
-    partitions = int(record["partitions_to"])
-    fallback = strategy_by_name(record["strategy_to"] if record["strategy_to"] in ("hash", "modulo") else "hash", partitions)
+    split = {k: tuple(v) for k, v in (record.get("split") or {}).items()}
+    slot_of = slot_function(record)
 
     def slots_of(key: str) -> tuple[int, ...]:
-        return split.get(key) or ((int(mapping[key]),) if key in mapping else (fallback.slot_of(key),))
+        return split.get(key) or (slot_of(key),)
 
     t = time.monotonic()
     placement = verify_placement(spark, run_dir / segment["checkpoint"], variables, slots_of, batch_id=0)

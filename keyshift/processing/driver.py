@@ -244,7 +244,7 @@ def _wait_for_records(
         time.sleep(2)
 
 
-def _send_end_of_input(settings: Settings, topic: str, run_id: str) -> dict[int, int]:
+def send_end_of_input(settings: Settings, topic: str, run_id: str) -> dict[int, int]:
     """Write one end-of-input marker of `run_id` to every partition; return the end offsets after."""
     producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", client_id=f"keyshift-eoi-{run_id}", **client_options(settings))
     try:
@@ -586,7 +586,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             if record.get("published_at"):
                 record.setdefault("step_seconds", {})["start_query"] = round(record["query_started_at"] - float(record["published_at"]), 3)
             control.save(record)
-        log.info("run %s: query %s started (strategy %s, P=%d, epoch %d, bound %d ms, batch base %d)", config.run_id, query_name,
+        log.info("run %s: query started: %s (strategy %s, P=%d, epoch %d, bound %d ms, batch base %d)", config.run_id, query_name,
                  seg_config.strategy, seg_config.partitions, seg_config.epoch, config.bound_ms, int(segment["batch_base"]))
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
             and record.get("switch_id") == segment.get("switch_id") else None
@@ -605,6 +605,10 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             query.stop()
             if switching is None:
                 raise
+            if committed_batches(checkpoint, config.topic)[0]:
+                # its outputs are written: going back to the old checkpoint would count them twice
+                control.conclude(switching, "failed", error=str(exc))
+                raise
             segments = in_driver.roll_back(settings, segments, switching, control, save_segments, str(exc))
             record = None
             continue
@@ -615,6 +619,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         record = watch.pop("switch_record")
         stop_at = time.time()
         in_driver.stop_at_cut(query, sink, checkpoint)
+        _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, STATE_VARIABLES, save_segments, stop_at)
         record = control.current()
 
@@ -634,6 +639,45 @@ def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: Fl
                 "pending_after": after, "ok": before + processed - accounted == after}
 
     return check
+
+
+def _publish_progress(query, sink: FlightDelaySink, recorder: RunRecorder, config: FlightDelayJobConfig,
+                      segment: dict[str, Any], state: dict[str, Any], seen: set[int]) -> bool:
+    """Publish a progress record for each batch of `query` not in `seen` (query batch ids);
+    returns whether there was one. Updates `state`: batches, records read, consumed offsets,
+    watermark, last batch time."""
+    base = int(segment["batch_base"])
+    new = False
+    for progress in query.recentProgress:
+        record = json.loads(progress.json)
+        batch_id = record["batchId"]
+        if batch_id in seen:
+            continue
+        seen.add(batch_id)
+        new = True
+        state["last_batch_at"] = time.monotonic()
+        state["batches"] += 1
+        state["records_read"] += int(record.get("numInputRows", 0))
+        state["consumed"] = _source_end_offsets(record, config.topic) or state["consumed"]
+        state["watermark_ms"] = _iso_to_ms(record.get("eventTime", {}).get("watermark"))
+        recorder.progress(
+            {
+                "run_id": config.run_id,
+                "batch_id": base + batch_id,
+                "segment": segment["index"],
+                "epoch": config.epoch,
+                "strategy": config.strategy,
+                "input_rows": int(record.get("numInputRows", 0)),
+                "processed_rows_per_slot": sink.batch_slot_events.get(base + batch_id, [0] * config.partitions),
+                "offsets": {str(p): o for p, o in sorted(state["consumed"].items())},
+                "watermark_ms": state["watermark_ms"],
+                "timestamp_ms": _iso_to_ms(record.get("timestamp")),
+                "batch_duration_ms": record.get("durationMs", {}).get("triggerExecution"),
+                "events_read": sink.counters.processed_events,
+                "events_accounted": sink.counters.accounted_events,
+            }
+        )
+    return new
 
 
 def _watch(
@@ -658,6 +702,8 @@ def _watch(
         state = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
         state["batches"] = len(sink.ledger.batches())
     state["outcome"] = None
+    state["seen"] = seen
+    state["consumed"] = consumed
     last_activity = time.monotonic()
     next_poll = 0.0
     if switching is not None and committed:
@@ -667,42 +713,16 @@ def _watch(
         error = query.exception()
         if error is not None:
             raise JobError(f"the streaming query failed: {error}")
-        for progress in query.recentProgress:
-            record = json.loads(progress.json)
-            batch_id = record["batchId"]
-            if batch_id in seen:
-                continue
-            seen.add(batch_id)
-            last_activity = time.monotonic()
-            state["last_batch_at"] = last_activity
-            state["batches"] += 1
-            state["records_read"] += int(record.get("numInputRows", 0))
-            consumed = _source_end_offsets(record, config.topic) or consumed
-            state["watermark_ms"] = _iso_to_ms(record.get("eventTime", {}).get("watermark"))
-            recorder.progress(
-                {
-                    "run_id": config.run_id,
-                    "batch_id": base + batch_id,
-                    "segment": segment["index"],
-                    "epoch": config.epoch,
-                    "strategy": config.strategy,
-                    "input_rows": int(record.get("numInputRows", 0)),
-                    "processed_rows_per_slot": sink.batch_slot_events.get(base + batch_id, [0] * config.partitions),
-                    "offsets": {str(p): o for p, o in sorted(consumed.items())},
-                    "watermark_ms": state["watermark_ms"],
-                    "timestamp_ms": _iso_to_ms(record.get("timestamp")),
-                    "batch_duration_ms": record.get("durationMs", {}).get("triggerExecution"),
-                    "events_read": sink.counters.processed_events,
-                    "events_accounted": sink.counters.accounted_events,
-                }
-            )
+        if _publish_progress(query, sink, recorder, config, segment, state, seen):
+            last_activity = state["last_batch_at"]
+            consumed = state["consumed"] or consumed
             if switching is not None:
                 finish_switch(switching)
                 switching = None
         if target is not None:
             if state["markers_end"] is None and consumed and _covers(consumed, target):
                 log.info("run %s: input drained at %s; writing end-of-input markers", config.run_id, consumed)
-                state["markers_end"] = _send_end_of_input(settings, config.topic, config.run_id)
+                state["markers_end"] = send_end_of_input(settings, config.topic, config.run_id)
                 last_activity = time.monotonic()
             elif state["markers_end"] is not None and _covers(consumed, state["markers_end"]):
                 counters = sink.counters

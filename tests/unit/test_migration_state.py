@@ -104,3 +104,16 @@ def test_restore_puts_state_and_timers_back():
 def test_merge_pending_values_of_one_piece_is_that_piece():
     value = pending([0, H], [2, 1], [5, 9], [4, 9], [1, 2, 7])
     assert merge_pending_values([value]) == value
+
+
+def test_keys_with_state_missing_from_the_plan_get_the_least_loaded_slots():
+    from keyshift.migration.in_driver import complete_mapping, slot_function
+
+    record = {"switch_id": "sw", "strategy_to": "least_count", "partitions_to": 3,
+              "mapping": {"ORD": 0, "ATL": 0, "DEN": 1}, "split": {}}
+    completed = complete_mapping(dict(record), {"ORD", "HDN", "EGE", "ATL"})
+    assert completed["mapping"]["EGE"] == 2 and completed["mapping"]["HDN"] == 1  # slot 2 held none, then 1 and 2 tie -> 1
+    assert completed["keys_added_to_plan"] == 2
+    assert slot_function(completed)("HDN") == 1
+    rule = {**record, "strategy_to": "hash"}
+    assert complete_mapping(dict(rule), {"HDN"})["mapping"] == record["mapping"]  # the rule places every key
