@@ -9,6 +9,7 @@ import time
 import click
 
 from keyshift.eventtime.plausibility import PlausibilityLimits
+from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
@@ -27,6 +28,18 @@ def flight_delay_options(function):
         click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots = topic partitions = shuffle partitions."),
         click.option("--epoch", type=click.IntRange(min=0), default=0, help="Assignment epoch written on every window."),
         click.option("--bound-ms", type=click.IntRange(min=0), default=HOUR_MS, help="Watermark bound, ms of event time."),
+        click.option("--watermark", type=click.Choice(WATERMARK_MODES), default="global", show_default=True,
+                     help="Watermark mode: global (Spark's, one per query), key (one per key), nkey (one per group of keys), "
+                          "dynamic (per key, bound follows the key's disorder up to --bound-ms)."),
+        click.option("--watermark-groups", type=click.IntRange(min=1), default=WatermarkPolicy.groups, show_default=True,
+                     help="nkey mode: N watermark groups (murmur2(key) mod N)."),
+        click.option("--idle-fallback", type=click.Choice(IDLE_FALLBACKS), default=WatermarkPolicy.idle_fallback, show_default=True,
+                     help="Per-key modes: how a silent key's windows close: global (once the stream is --idle-lag-ms past them) "
+                          "or timeout (also after --key-idle-timeout seconds without events)."),
+        click.option("--idle-lag-ms", type=click.IntRange(min=0), default=WatermarkPolicy.idle_lag_ms, show_default=True,
+                     help="Per-key modes: no key's watermark stays further than this behind the stream's max event time (ms)."),
+        click.option("--key-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=WatermarkPolicy.idle_timeout_s,
+                     show_default=True, help="timeout fallback: seconds without events after which a key closes its windows."),
         click.option("--window-ms", type=click.IntRange(min=1), default=HOUR_MS, help="Tumbling window size, ms of event time."),
         click.option("--topic", default=FLIGHTS_TOPIC, help="Input topic."),
         click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
@@ -70,6 +83,11 @@ def run_from_options(**options) -> dict:
         max_ahead_ms=options["max_ahead_ms"],
         max_behind_ms=options["max_behind_ms"],
         reference_min_events=options["reference_min_events"],
+        watermark=options["watermark"],
+        watermark_groups=options["watermark_groups"],
+        idle_fallback=options["idle_fallback"],
+        idle_lag_ms=options["idle_lag_ms"],
+        key_idle_timeout_s=options["key_idle_timeout"],
     )
     return run_flight_delays(Settings(), config, starting=options["starting"])
 

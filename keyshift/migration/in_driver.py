@@ -121,7 +121,9 @@ def migrate(
 
         state = {v.name: pd.DataFrame(columns=["old_token", "partition_id", "key", *v.value_fields]) for v in variables}
         timers = pd.DataFrame(columns=["old_token", "expiry_ms", "partition_id"])
-    record = complete_mapping(record, {str(k) for frame in state.values() for k in frame["key"]})
+    shared = {v.name: v.broadcast for v in variables if v.broadcast is not None}
+    record = complete_mapping(record, {str(k) for name, frame in state.items() for k in frame["key"]
+                                       if name not in shared or not shared[name](str(k))})
     slot_of = slot_function(record)
     migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions), slot_tokens(int(old["partitions"])))
     index = int(old["index"]) + 1

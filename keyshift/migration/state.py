@@ -60,12 +60,16 @@ class MapStateVariable:
         merge: folds the values of one real key found on several old slots into one (a tuple of
             value fields per slot -> one tuple), for keys that were split; None: such a key is an
             error (JobError), since its pieces cannot be combined.
+        broadcast: map keys that are not real keys but per-slot entries every slot may need
+            (e.g. an nkey watermark group `#17`): such an entry is merged over its old slots and
+            written to every new slot. None: every map key is a real key placed by the plan.
     """
 
     name: str
     key_schema: T.StructType
     value_schema: T.StructType
     merge: Callable[[list[tuple]], tuple] | None = None
+    broadcast: Callable[[str], bool] | None = None
 
     @property
     def key_field(self) -> str:
@@ -197,13 +201,21 @@ def rekey_state(
     out_frames, migrated = [], MigratedState(rows=pd.DataFrame())
     receivers: dict[int, set[int]] = {}
     for variable in variables:
-        frame = state[variable.name]
+        frame = state.get(variable.name)
+        if frame is None:  # a variable with no rows read (e.g. a job version that did not declare it)
+            frame = pd.DataFrame(columns=["old_token", "partition_id", "key", *variable.value_fields])
         migrated.rows_read[variable.name] = len(frame)
         sizes = _value_bytes(frame, variable.value_fields)
         migrated.state_bytes += int(sizes.sum())
         if frame.empty:
             migrated.rows_written[variable.name] = 0
             continue
+        shared = None
+        if variable.broadcast is not None:
+            is_shared = frame["key"].astype(str).map(variable.broadcast).to_numpy(bool)
+            shared, frame = frame[is_shared], frame[~is_shared]
+            if len(shared):
+                out_frames.append(_broadcast_rows(shared, variable, new_tokens))
         keys = frame["key"].astype(str).to_numpy(object)
         new_slots = np.array([slot_of(k) for k in keys], dtype=np.int64)
         old_slots = np.array([slot_of_old_token.get(int(t), -1) for t in frame["old_token"]], dtype=np.int64)
@@ -226,14 +238,21 @@ def rekey_state(
             rows = pd.concat([rows[~duplicated], pd.DataFrame(merged)], ignore_index=True)
         rows = rows.drop(columns=["old_token", "partition_id"])
         rows[STATE_VAR_COLUMN] = variable.name
-        migrated.rows_written[variable.name] = len(rows)
+        migrated.rows_written[variable.name] = len(rows) + (len(out_frames[-1]) if shared is not None and len(shared) else 0)
         out_frames.append(rows)
-    all_keys = {k for frame in state.values() for k in frame["key"].astype(str)} if state else set()
+    shared = {v.name: v.broadcast for v in variables if v.broadcast is not None}
+
+    def real_keys(name: str, frame: pd.DataFrame):
+        for k, t in zip(frame["key"].astype(str), frame["old_token"]):
+            if name not in shared or not shared[name](k):
+                yield k, t
+
+    all_keys = {k for name, frame in state.items() for k, _ in real_keys(name, frame)} if state else set()
     migrated.keys_total = len(all_keys)
-    migrated.keys_moved = sum(
-        1 for frame in state.values() for k, t in zip(frame["key"].astype(str), frame["old_token"])
+    migrated.keys_moved = len({
+        k for name, frame in state.items() for k, t in real_keys(name, frame)
         if slot_of_old_token.get(int(t), -1) != slot_of(k)
-    )
+    })
     migrated.timers_read = len(timers)
     timer_rows = [
         {GROUPING_COLUMN: token, STATE_VAR_COLUMN: TIMER_VAR, EXPIRY_COLUMN: int(expiry)}
@@ -248,6 +267,18 @@ def rekey_state(
     migrated.rows = combined.reindex(columns=schema.fieldNames())
     migrated.rows[GROUPING_COLUMN] = migrated.rows[GROUPING_COLUMN].astype(np.int32)
     return migrated
+
+
+def _broadcast_rows(shared: pd.DataFrame, variable: MapStateVariable, new_tokens: Sequence[int]) -> pd.DataFrame:
+    """Rows of `variable.broadcast` entries for the initial state: each entry merged over its old
+    slots (`variable.merge`, else the first) and written once per new slot token."""
+    merged = []
+    for key, group in shared.groupby("key", sort=False):
+        values = [tuple(row) for row in group[variable.value_fields].itertuples(index=False)]
+        value = variable.merge(values) if variable.merge is not None and len(values) > 1 else values[0]
+        for token in new_tokens:
+            merged.append({"key": key, GROUPING_COLUMN: int(token), **dict(zip(variable.value_fields, value)), STATE_VAR_COLUMN: variable.name})
+    return pd.DataFrame(merged)
 
 
 def save_migrated(migrated: MigratedState, path: Path) -> Path:
@@ -291,8 +322,11 @@ def restore_initial_state(frame: pd.DataFrame, states: Mapping[str, Any], regist
                 register_timer(int(expiry))
             continue
         variable = by_name[name]
+        # a long field of one variable is NULL in another's rows, so pandas hands it over as float
+        as_int = {f.name for f in variable.value_schema.fields if isinstance(f.dataType, (T.LongType, T.IntegerType))}
         for row in rows.itertuples(index=False):
-            states[name].updateValue((getattr(row, "key"),), tuple(getattr(row, f) for f in variable.value_fields))
+            value = tuple(int(getattr(row, f)) if f in as_int else getattr(row, f) for f in variable.value_fields)
+            states[name].updateValue((getattr(row, "key"),), value)
 
 
 def verify_placement(spark: SparkSession, checkpoint: Path, variables: Sequence[MapStateVariable],
@@ -309,6 +343,8 @@ def verify_placement(spark: SparkSession, checkpoint: Path, variables: Sequence[
     for variable in variables:
         frame = (_state_reader(spark, checkpoint, batch_id).option("stateVarName", variable.name).load()
                  .selectExpr(f"user_map_key.{variable.key_field} AS key", "partition_id").toPandas())
+        if variable.broadcast is not None:  # per-slot entries (e.g. nkey groups) may sit anywhere
+            frame = frame[~frame["key"].astype(str).map(variable.broadcast).to_numpy(bool)]
         checked += len(frame)
         for key, partition in zip(frame["key"], frame["partition_id"]):
             if int(partition) not in slots_of(str(key)):

@@ -37,6 +37,7 @@ from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
+from keyshift.processing.pieces import PieceAssembler
 from keyshift.processing.sinks import FlightDelaySink
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
@@ -503,7 +504,7 @@ def run_flight_delays(
         last = segments[-1]
         checkpoint = run_dir / last["checkpoint"]
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
-        pending = pending_events(spark, checkpoint)
+        pending = pending_events(spark, checkpoint) + (sink.pieces.held_events() if sink.pieces is not None else 0)
         _, consumed = committed_batches(checkpoint, config.topic)
         consumed = consumed or segment_start(last)
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
@@ -571,8 +572,9 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         checkpoint = run_dir / segment["checkpoint"]
         recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment["index"])
         spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.partitions))
+        pieces = PieceAssembler(run_dir / "pieces", seg_config.split, int(segment["batch_base"])) if config.watermark != "global" else None
         sink = FlightDelaySink(run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
-                               side_outputs, batch_base=int(segment["batch_base"]))
+                               side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
         initial = initial_state_frame(spark, run_dir / segment["initial_state"], STATE_VARIABLES) if segment.get("initial_state") else None
         stream = flight_delay_stream(
             read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
@@ -586,8 +588,9 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             if record.get("published_at"):
                 record.setdefault("step_seconds", {})["start_query"] = round(record["query_started_at"] - float(record["published_at"]), 3)
             control.save(record)
-        log.info("run %s: query started: %s (strategy %s, P=%d, epoch %d, bound %d ms, batch base %d)", config.run_id, query_name,
-                 seg_config.strategy, seg_config.partitions, seg_config.epoch, config.bound_ms, int(segment["batch_base"]))
+        log.info("run %s: query started: %s (strategy %s, P=%d, epoch %d, %s watermark, bound %d ms, batch base %d)", config.run_id,
+                 query_name, seg_config.strategy, seg_config.partitions, seg_config.epoch, config.watermark, config.bound_ms,
+                 int(segment["batch_base"]))
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
             and record.get("switch_id") == segment.get("switch_id") else None
         try:
@@ -630,8 +633,10 @@ def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: Fl
     late, dead letters) = pending events after it."""
     def check() -> dict[str, Any]:
         old, new = segments[-2], segments[-1]
-        before = pending_events(spark, run_dir / old["checkpoint"])
-        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0)
+        first = int(new["batch_base"])
+        held = sink.pieces.held_events if sink.pieces is not None else (lambda batch_id: 0)
+        before = pending_events(spark, run_dir / old["checkpoint"]) + held(first - 1)
+        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0) + held(first)
         batch = next((b for b in sink.ledger.batches() if b.batch_id == int(new["batch_base"])), None)
         processed = batch.processed_events if batch else 0
         accounted = batch.accounted_events if batch else 0
@@ -840,6 +845,8 @@ def build_summary(
         "epoch": config.epoch,
         "topic": config.topic,
         "bound_ms": config.bound_ms,
+        "watermark": config.watermark,
+        "watermark_policy": asdict(config.watermark_policy),
         "window_ms": config.window_ms,
         "max_offsets_per_trigger": config.max_offsets_per_trigger,
         "events_produced": int(replay["events_produced"]) if replay.get("events_produced") else None,

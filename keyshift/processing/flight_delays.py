@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from keyshift.errors import ConfigurationError
 from keyshift.eventtime.plausibility import PlausibilityLimits, quarantine_implausible
+from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES
@@ -86,6 +87,15 @@ class FlightDelayJobConfig:
             batch: its chunk's median) before it is a dead letter; default 30 days.
         reference_min_events: events a chunk needs for its median event time to count as a
             reference of the stream; default 50.
+        watermark: the watermark mode, one of `keyshift.eventtime.watermarks.WATERMARK_MODES`:
+            `global` (Spark's, the default), `key`, `nkey`, `dynamic` (`bound_ms` is then the
+            maximum bound M).
+        watermark_groups: N, watermark groups of `nkey` mode.
+        idle_fallback: `global` or `timeout`: how a silent key's windows close (per-key modes).
+        idle_lag_ms: per-key modes: every watermark is at least the query's max event time minus
+            this (ms of event time); default two days.
+        key_idle_timeout_s: `timeout` fallback: seconds of processing time without events after
+            which a key closes all its windows.
     """
 
     run_id: str
@@ -105,6 +115,19 @@ class FlightDelayJobConfig:
     max_ahead_ms: int = PlausibilityLimits.max_ahead_ms
     max_behind_ms: int = PlausibilityLimits.max_behind_ms
     reference_min_events: int = PlausibilityLimits.reference_min_events
+    watermark: str = "global"
+    watermark_groups: int = WatermarkPolicy.groups
+    idle_fallback: str = WatermarkPolicy.idle_fallback
+    idle_lag_ms: int = WatermarkPolicy.idle_lag_ms
+    key_idle_timeout_s: float = WatermarkPolicy.idle_timeout_s
+
+    @property
+    def watermark_policy(self) -> WatermarkPolicy:
+        """The run's watermark policy (raises ConfigurationError for a bad mode or value)."""
+        return WatermarkPolicy(
+            mode=self.watermark, bound_ms=self.bound_ms, groups=self.watermark_groups, idle_fallback=self.idle_fallback,
+            idle_lag_ms=self.idle_lag_ms, idle_timeout_s=self.key_idle_timeout_s,
+        )
 
     @property
     def plausibility(self) -> PlausibilityLimits:
@@ -169,10 +192,11 @@ def flight_delay_stream(
     decides lateness per event (window end <= watermark) and sends late events to a side output,
     so Spark must not filter them out silently first.
     """
+    policy = config.watermark_policy
     own = run_records(validate_flight_records(kafka_rows), config.run_id, config.end_offsets)
     # before the watermark operator, so an implausible event never moves the watermark
     plausible = quarantine_implausible(
-        own, checkpoint_dir or default_checkpoint_dir(config.run_id), config.bound_ms, config.plausibility,
+        own, checkpoint_dir or default_checkpoint_dir(config.run_id), policy.spark_delay_ms, config.plausibility,
         exempt=F.col("is_control"), watermark_floor_ms=watermark_floor_ms,
     )
     timed = with_dead_letter_payload(plausible).withColumn(
@@ -183,7 +207,8 @@ def flight_delay_stream(
         ),
     )
     events = (
-        timed.withWatermark(EVENT_TIME_COLUMN, f"{config.bound_ms} milliseconds")
+        # per-key modes: Spark's watermark is the fallback every key's watermark stays above
+        timed.withWatermark(EVENT_TIME_COLUMN, f"{policy.spark_delay_ms} milliseconds")
         # Markers must pass the watermark operator before they are dropped; Spark pushes a filter
         # below EventTimeWatermark unless it references the event-time column, so this one does.
         .where(~(F.col("is_control") & F.col(EVENT_TIME_COLUMN).isNotNull()))
@@ -200,7 +225,7 @@ def flight_delay_stream(
     return (
         partials.groupBy("token")
         .transformWithStateInPandas(
-            statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms, watermark_floor_ms),
+            statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms, watermark_floor_ms, policy),
             outputStructType=OUTPUT_SCHEMA,
             outputMode="Append",
             timeMode="EventTime",

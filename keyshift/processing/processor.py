@@ -29,13 +29,24 @@ Output rows are tagged by `kind`:
 - `late`: an event whose window had already closed when it arrived (window end <= watermark);
 - `dead_letter`: a record that failed validation, passed through with its reason and raw payload,
   or a duplicated event (reason `duplicate event_id`, with its fields);
-- `load`: one row per slot per batch: events the slot processed in the batch (`count`).
+- `load`: one row per slot per batch: events the slot processed in the batch (`count`);
+- `watermark` (per-key modes only): a key's watermark on its slot after the batch, one row per key
+  the batch touched or whose windows closed (for a hot_split key: per piece), so the sink knows
+  when every piece of a split key has closed a window.
+Every row carries `global_watermark_ms`, the fallback (Spark's watermark, never below the floor).
+
+Watermark modes (`keyshift.eventtime.watermarks`): in `global` mode a window closes when Spark's
+watermark passes its end (timers); in `key`, `nkey` and `dynamic` mode lateness is decided per key
+(or group) against the watermark its clock (MapState `key_clocks`) held before the batch, the
+clocks then advance with the batch's events, and the key's windows its new watermark passes close
+in the same call; timers close what the fallback passes (silent keys, end of input).
 So that for every batch: input rows = Σ `load.count` and, over a run, events read =
 Σ window counts + late + dead letters.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -45,6 +56,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
+from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, watermark_key
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.migration.state import MapStateVariable, restore_initial_state
 
@@ -52,6 +64,7 @@ KIND_WINDOW = "window"
 KIND_LATE = "late"
 KIND_DEAD_LETTER = "dead_letter"
 KIND_LOAD = "load"
+KIND_WATERMARK = "watermark"
 
 DUPLICATE_EVENT_ID = "duplicate event_id"
 """Dead-letter reason of an event whose id its key already delivered inside the dedup horizon."""
@@ -100,6 +113,7 @@ OUTPUT_SCHEMA = T.StructType(
         T.StructField("raw_key_base64", T.StringType(), True),
         T.StructField("kafka_partition", T.IntegerType(), True),
         T.StructField("kafka_offset", T.LongType(), True),
+        T.StructField("global_watermark_ms", T.LongType(), True),
     ]
 )
 """Schema of every row the processor emits (columns a kind does not use are NULL)."""
@@ -134,8 +148,39 @@ def merge_pending_values(values: list[tuple[bytes, bytes]]) -> tuple[bytes, byte
     return pack_pending(*merged), all_ids[np.argsort(id_starts, kind="stable")].tobytes()
 
 
+CLOCK_STATE_NAME = "key_clocks"
+CLOCK_KEY_SCHEMA = T.StructType([T.StructField("clock", T.StringType(), False)])
+CLOCK_VALUE_SCHEMA = T.StructType(
+    [
+        T.StructField("max_event_time_ms", T.LongType(), False),
+        T.StructField("closed_through_ms", T.LongType(), False),
+        T.StructField("last_seen_ms", T.LongType(), False),
+        T.StructField("bound_ms", T.LongType(), False),
+        T.StructField("recent", T.BinaryType(), False),
+    ]
+)
+"""MapState `key_clocks` (per-key watermark modes): a key (or `#<group>` in nkey mode) -> its
+`keyshift.eventtime.watermarks.KeyClock`. 40 bytes per key, plus 8 per remembered event time in
+dynamic mode."""
+
+
+def merge_clock_values(values: list[tuple]) -> tuple:
+    """Fold the clocks of one key held on several slots (hot_split pieces, or an nkey group on
+    several slots) into one for a switch: the smallest max event time (so that nothing a piece
+    still waited for becomes late), the largest closed-through end (so that no closed window opens
+    again), the latest last-seen time, the largest bound, and the recent times of the piece seen
+    last."""
+    clocks = [KeyClock.from_value(v) for v in values]
+    latest = max(clocks, key=lambda c: c.last_seen_ms)
+    return KeyClock(
+        min(c.max_event_time_ms for c in clocks), max(c.closed_through_ms for c in clocks),
+        latest.last_seen_ms, max(c.bound_ms for c in clocks), latest.recent,
+    ).as_value()
+
+
 STATE_VARIABLES = (
     MapStateVariable(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA, merge=merge_pending_values),
+    MapStateVariable(CLOCK_STATE_NAME, CLOCK_KEY_SCHEMA, CLOCK_VALUE_SCHEMA, merge=merge_clock_values, broadcast=is_group_clock),
 )
 """The state the flight delay job keeps, declared for a switch to read, re-key and restore
 (`keyshift.migration.state`). Timers are carried by the switch too (one per open window end)."""
@@ -208,23 +253,40 @@ class FlightDelayProcessor(StatefulProcessor):
             last commit). A new checkpoint starts Spark's watermark at 0; lateness and window
             closing use max(Spark's watermark, this floor), so an event late before the switch
             is late after it, as in a run without the switch. 0: no floor.
+        policy: the watermark mode and its parameters (`keyshift.eventtime.watermarks`);
+            default `global` with a one-hour bound. In a per-key mode Spark's watermark (the
+            query's `withWatermark`) must use `policy.spark_delay_ms`: it is the fallback.
     """
 
-    def __init__(self, tokens: tuple[int, ...], window_ms: int = HOUR_MS, watermark_floor_ms: int = 0) -> None:
+    def __init__(
+        self, tokens: tuple[int, ...], window_ms: int = HOUR_MS, watermark_floor_ms: int = 0, policy: WatermarkPolicy | None = None
+    ) -> None:
         self._slot_of_token = {token: slot for slot, token in enumerate(tokens)}
         self._window_ms = window_ms
         self._watermark_floor_ms = int(watermark_floor_ms)
         self._closed_at: tuple[int, int] | None = None
+        self._policy = policy or WatermarkPolicy()
+        self._dynamic = None
+        if self._policy.mode == "dynamic":
+            from keyshift.eventtime.disorder import DynamicBound
+
+            self._dynamic = DynamicBound(k=self._policy.history, max_bound_ms=self._policy.bound_ms)
+        self._clock_keys: dict[str, str] = {}
+        self._swept_at: dict[int, float] = {}
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        """Declare the MapState of pending windows (origin -> partial aggregates)."""
+        """Declare the MapStates: pending windows (origin -> partial aggregates) and the key clocks
+        (used by the per-key watermark modes only, declared always so every run has one layout)."""
         self._handle = handle
         self._pending = handle.getMapState(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA)
+        self._clocks = handle.getMapState(CLOCK_STATE_NAME, CLOCK_KEY_SCHEMA, CLOCK_VALUE_SCHEMA)
 
     def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
         """Restore state a switch migrated onto this slot token (first batch of a new query only):
         pending windows per origin and the timers that close them."""
-        restore_initial_state(initialState, {PENDING_STATE_NAME: self._pending}, self._handle.registerTimer, STATE_VARIABLES)
+        restore_initial_state(
+            initialState, {PENDING_STATE_NAME: self._pending, CLOCK_STATE_NAME: self._clocks}, self._handle.registerTimer, STATE_VARIABLES
+        )
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -241,6 +303,9 @@ class FlightDelayProcessor(StatefulProcessor):
         slot = self._slot_of_token.get(token, -1)
         spark_watermark_ms = timerValues.getCurrentWatermarkInMs()
         watermark_ms = max(spark_watermark_ms, self._watermark_floor_ms)
+        if self._policy.per_key:
+            yield from self._key_level_input(token, slot, rows, spark_watermark_ms, watermark_ms)
+            return
         processed = 0
         open_partials = []
         for chunk in rows:
@@ -257,7 +322,8 @@ class FlightDelayProcessor(StatefulProcessor):
                 chunk = chunk[~late]
             if len(chunk):  # a batch whose every partial is late touches no state (issue 8)
                 open_partials.append(chunk)
-        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [_partition_id()], "count": [processed], "watermark_ms": [watermark_ms]})
+        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [_partition_id()], "count": [processed],
+                                    "watermark_ms": [watermark_ms], "global_watermark_ms": [watermark_ms]})
         if not open_partials:
             return
         partials = open_partials[0] if len(open_partials) == 1 else pd.concat(open_partials, ignore_index=True)
@@ -265,8 +331,15 @@ class FlightDelayProcessor(StatefulProcessor):
         if duplicates is not None:
             yield self._duplicates(partials, duplicates, slot)
 
-        registered = set(self._handle.listTimers())  # one state call per slot and batch
-        for end in np.unique(touched_starts) + self._window_ms:
+        self._register_timers(touched_starts, spark_watermark_ms)
+
+    def _register_timers(self, starts: np.ndarray, spark_watermark_ms: int) -> None:
+        """Event-time timers that close the windows starting at `starts` when Spark's watermark
+        passes their end (one `listTimers` call per slot and batch)."""
+        if not len(starts):
+            return
+        registered = set(self._handle.listTimers())
+        for end in np.unique(starts) + self._window_ms:
             # fires once the watermark passes end - 1, i.e. reaches end; a timer at or below the
             # current watermark cannot be registered, so the one window ending at watermark + 1
             # gets `end` (it then closes with the next watermark step past its end)
@@ -274,15 +347,185 @@ class FlightDelayProcessor(StatefulProcessor):
             if expiry not in registered:
                 self._handle.registerTimer(expiry)
 
-    def _fold(self, partials: pd.DataFrame) -> tuple[np.ndarray, np.ndarray | None]:
+    def _clock_key(self, origin: str) -> str:
+        """The clock holding `origin`'s watermark (itself, or its nkey group), cached."""
+        name = self._clock_keys.get(origin)
+        if name is None:
+            name = self._clock_keys[origin] = watermark_key(origin, self._policy)
+        return name
+
+    def _store_clock(self, name: str, clock: KeyClock, fallback_ms: int, existed: bool) -> None:
+        """Write a clock back, or free it when it no longer raises its key above the fallback."""
+        if clock.redundant(fallback_ms):
+            if existed:
+                self._clocks.removeKey((name,))
+        else:
+            self._clocks.updateValue((name,), clock.as_value())
+
+    def _key_level_input(
+        self, token: int, slot: int, rows: Iterator[pd.DataFrame], spark_watermark_ms: int, fallback_ms: int
+    ) -> Iterator[pd.DataFrame]:
+        """`handleInputRows` in a per-key watermark mode (module docstring).
+
+        Per touched clock (key, or nkey group): one `getValue` and at most one write. Lateness of
+        a partial is decided against its clock's watermark before the batch (as Spark judges a
+        batch against the watermark of the batch before); the clocks then advance with the
+        batch's events (late ones included, in Kafka order); the windows the new watermarks pass
+        close at once; the rest get a timer for the fallback.
+        """
+        processed, chunks = 0, []
+        for chunk in rows:
+            processed += int(chunk["count"].sum())
+            rejected = chunk["dead_letter_reason"].notna().to_numpy()
+            if rejected.any():
+                yield self._dead_letters(chunk[rejected], slot)
+                chunk = chunk[~rejected]
+            if len(chunk):
+                chunks.append(chunk)
+        partition_id = _partition_id()
+        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [processed],
+                                    "watermark_ms": [fallback_ms], "global_watermark_ms": [fallback_ms]})
+        now_ms = int(time.time() * 1000)
+        self._closing = []
+        watermark_after: dict[str, int] = {}
+        if chunks:
+            partials = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+            origins = partials["origin"].to_numpy(object)
+            names = np.array([self._clock_key(o) for o in origins], dtype=object)
+            codes, distinct = pd.factorize(names)
+            clocks: dict[str, KeyClock | None] = {}
+            for name in distinct:
+                value = self._clocks.getValue((name,))
+                clocks[name] = KeyClock.from_value(value) if value is not None else None
+            existed = {name: clock is not None for name, clock in clocks.items()}
+            before = np.array([c.watermark_ms(fallback_ms) if c is not None else fallback_ms for c in clocks.values()], np.int64)
+            row_watermarks = before[codes]
+            late = partials["window_start_ms"].to_numpy(np.int64) + self._window_ms <= row_watermarks
+            if late.any():
+                yield self._late_events(partials[late], slot, row_watermarks[late])
+
+            counts = partials["count"].to_numpy(np.int64)
+            identity = np.arange(len(partials))
+            times = _flat(partials, identity, "event_times_ms")
+            arrival = np.lexsort((_flat(partials, identity, "kafka_offsets"), np.repeat(partials["kafka_partition"].to_numpy(np.int64), counts),
+                                  np.repeat(codes, counts)))
+            event_codes = np.repeat(codes, counts)[arrival]
+            bounds = np.searchsorted(event_codes, np.arange(len(distinct) + 1))
+            for code, name in enumerate(distinct):
+                clocks[name] = advance_clock(clocks[name], times[arrival][bounds[code]:bounds[code + 1]], now_ms, self._policy, self._dynamic)
+                watermark_after[name] = clocks[name].watermark_ms(fallback_ms)
+
+            open_partials = partials[~late]
+            if len(open_partials):
+                close_at = {o: watermark_after[self._clock_key(o)] for o in pd.unique(open_partials["origin"].to_numpy(object))}
+                touched_starts, duplicates = self._fold(open_partials, close_at)
+                if duplicates is not None:
+                    yield self._duplicates(open_partials, duplicates, slot)
+                self._register_timers(touched_starts, spark_watermark_ms)
+            for origin, starts, *_ in self._closing:
+                name = self._clock_key(origin)
+                clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
+            for name, clock in clocks.items():
+                self._store_clock(name, clock, fallback_ms, existed[name])
+            touched = pd.unique(origins)
+            yield self._watermark_rows(slot, partition_id, list(touched), [watermark_after[self._clock_key(o)] for o in touched], fallback_ms)
+        if self._closing:
+            yield self._closed_windows(slot, partition_id, fallback_ms)
+        if self._policy.idle_fallback == "timeout":
+            yield from self._close_silent(token, slot, partition_id, now_ms, fallback_ms)
+
+    def _closed_windows(self, slot: int, partition_id: int, fallback_ms: int) -> pd.DataFrame:
+        """`window` rows for what `self._closing` collected (origin, starts, counts, sums, maxes, watermark)."""
+        origins = [o for o, starts, *_ in self._closing for _ in range(len(starts))]
+        watermarks = [w for _o, starts, *_rest, w in self._closing for _ in range(len(starts))]
+        columns = list(zip(*[(st, c, su, m) for _o, st, c, su, m, _w in self._closing]))
+        closing, self._closing = self._closing, []
+        del closing
+        return self._windows(slot, partition_id, origins, *columns, watermarks, fallback_ms)
+
+    def _watermark_rows(self, slot: int, partition_id: int, origins: list, watermarks: list, fallback_ms: int) -> pd.DataFrame:
+        """`watermark` rows: each origin's watermark on this slot (ms of event time)."""
+        n = len(origins)
+        return _frame(KIND_WATERMARK, n, {"slot": [slot] * n, "partition_id": [partition_id] * n, "origin": origins,
+                                          "watermark_ms": watermarks, "global_watermark_ms": [fallback_ms] * n})
+
+    def _slot_clocks(self) -> dict[str, KeyClock]:
+        """Every clock of this slot (one MapState iteration)."""
+        return {name: KeyClock.from_value(value) for (name,), value in list(self._clocks.iterator())}
+
+    def _close_by_fallback(self, slot: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
+        """A timer fired: Spark's watermark (the fallback) passed a window end. Close every
+        pending window of this slot its key's watermark has reached, free the clocks the
+        fallback made redundant."""
+        clocks = self._slot_clocks()
+        partition_id = _partition_id()
+        self._closing = []
+        for (origin,), (blob, id_blob) in list(self._pending.iterator()):
+            clock = clocks.get(self._clock_key(origin))
+            watermark = clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms
+            starts, counts, sums, maxes = unpack_pending(blob)
+            closed = starts + self._window_ms <= watermark
+            if not closed.any():
+                continue
+            self._closing.append((origin, starts[closed], counts[closed], sums[closed], maxes[closed], watermark))
+            if closed.all():
+                self._pending.removeKey((origin,))
+            else:
+                keep = ~closed
+                ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
+                self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]), ids.tobytes()))
+        ends: dict[str, int] = {}
+        for origin, starts, *_ in self._closing:
+            name = self._clock_key(origin)
+            ends[name] = max(ends.get(name, 0), int(starts.max()) + self._window_ms)
+        for name, clock in clocks.items():
+            self._store_clock(name, close_clock(clock, ends[name]) if name in ends else clock, fallback_ms, True)
+        if self._closing:
+            closed_origins = list(dict.fromkeys(o for o, *_ in self._closing))
+            watermarks = [max(w for o2, *_r, w in self._closing if o2 == o) for o in closed_origins]
+            yield self._closed_windows(slot, partition_id, fallback_ms)
+            yield self._watermark_rows(slot, partition_id, closed_origins, watermarks, fallback_ms)
+
+    def _close_silent(self, token: int, slot: int, partition_id: int, now_ms: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
+        """`timeout` fallback: close every window of the keys whose clock saw no event for
+        `idle_timeout_s` seconds of processing time (checked at most 4 times per timeout)."""
+        timeout_ms = int(self._policy.idle_timeout_s * 1000)
+        if now_ms - self._swept_at.get(token, 0) < timeout_ms // 4:
+            return
+        self._swept_at[token] = now_ms
+        clocks = self._slot_clocks()
+        silent = {name for name, clock in clocks.items() if now_ms - clock.last_seen_ms >= timeout_ms}
+        if not silent:
+            return
+        self._closing = []
+        for (origin,), (blob, _ids) in list(self._pending.iterator()):
+            if self._clock_key(origin) in silent:
+                starts, counts, sums, maxes = unpack_pending(blob)
+                self._closing.append((origin, starts, counts, sums, maxes, int(starts.max()) + self._window_ms))
+                self._pending.removeKey((origin,))
+        for origin, starts, *_ in self._closing:
+            name = self._clock_key(origin)
+            clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
+            self._store_clock(name, clocks[name], fallback_ms, True)
+        if self._closing:
+            closed_origins = [o for o, *_ in self._closing]
+            watermarks = [w for *_r, w in self._closing]
+            yield self._closed_windows(slot, partition_id, fallback_ms)
+            yield self._watermark_rows(slot, partition_id, closed_origins, watermarks, fallback_ms)
+
+    def _fold(self, partials: pd.DataFrame, close_at: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge open-window partials into the MapState, dropping duplicated event ids.
 
         Args:
             partials: `PARTIAL_SCHEMA` rows of open windows (no dead letter, none late), any order.
+            close_at: per-key modes: origin -> its watermark after this batch (ms of event time);
+                the origin's windows ending at or before it close now: they are collected in
+                `self._closing` as (origin, starts, counts, sums, maxes, watermark) and leave the
+                state. None (global mode): nothing closes here.
 
         Returns:
-            (window starts that received events, int64 ms; per-event indices of duplicates into
-            the flattened events of `partials` in their `_flat_order`, or None when there are none).
+            (window starts that stay open and received events, int64 ms; per-event indices of
+            duplicates into the flattened events of `partials` in their `_flat_order`, or None).
         """
         order = self._flat_order(partials)
         origins = partials["origin"].to_numpy(object)[order]
@@ -329,13 +572,25 @@ class FlightDelayProcessor(StatefulProcessor):
                 id_starts = event_starts[e_lo:e_hi]
             if not len(ids):
                 continue  # every event of this origin was a duplicate: its state stays as it was
-            touched.append(new[0])
             if old is not None:
                 new = tuple(np.concatenate([o, n]) for o, n in zip(old, new))
                 ids = np.concatenate([old_ids, ids])
                 id_starts = np.concatenate([np.repeat(old[0], old[1]), id_starts])
             by_window = np.argsort(id_starts, kind="stable")  # ids window by window, as merge_partials sorts windows
-            self._pending.updateValue((origin,), (pack_pending(*merge_partials(*new)), ids[by_window].tobytes()))
+            merged, ids = merge_partials(*new), ids[by_window]
+            if close_at is not None:
+                closed = merged[0] + self._window_ms <= close_at[origin]
+                if closed.any():
+                    self._closing.append((origin, *(a[closed] for a in merged), close_at[origin]))
+                    keep = ~closed
+                    ids = ids[np.repeat(keep, merged[1])]
+                    merged = tuple(a[keep] for a in merged)
+                    if not len(merged[0]):
+                        if old is not None:
+                            self._pending.removeKey((origin,))
+                        continue
+            touched.append(merged[0])
+            self._pending.updateValue((origin,), (pack_pending(*merged), ids.tobytes()))
         touched_starts = np.concatenate(touched) if touched else np.empty(0, np.int64)
         return touched_starts, (np.concatenate(duplicate_indices) if duplicate_indices else None)
 
@@ -382,9 +637,11 @@ class FlightDelayProcessor(StatefulProcessor):
             },
         )
 
-    def _late_events(self, late: pd.DataFrame, slot: int, watermark_ms: int) -> pd.DataFrame:
-        """One output row per event of late partials (their window had closed)."""
+    def _late_events(self, late: pd.DataFrame, slot: int, watermark_ms) -> pd.DataFrame:
+        """One output row per event of late partials (their window had closed); `watermark_ms`
+        is the watermark they were late against (ms), one for all or an array per partial."""
         repeats = late["count"].to_numpy(np.int64)
+        watermark_ms = np.repeat(np.broadcast_to(np.asarray(watermark_ms, np.int64), len(late)), repeats)
         starts = np.repeat(late["window_start_ms"].to_numpy(np.int64), repeats)
         n = len(starts)
         return _frame(
@@ -400,7 +657,7 @@ class FlightDelayProcessor(StatefulProcessor):
                 "event_time_ms": np.concatenate([np.asarray(v, np.int64) for v in late["event_times_ms"]]),
                 "window_start_ms": starts,
                 "window_end_ms": starts + self._window_ms,
-                "watermark_ms": [watermark_ms] * n,
+                "watermark_ms": watermark_ms,
                 "kafka_partition": np.repeat(late["kafka_partition"].to_numpy(np.int64), repeats),
                 "kafka_offset": np.concatenate([np.asarray(v, np.int64) for v in late["kafka_offsets"]]),
             },
@@ -416,6 +673,9 @@ class FlightDelayProcessor(StatefulProcessor):
             return  # an earlier timer of this slot at this watermark already closed everything
         self._closed_at = (token, watermark_ms)
         slot = self._slot_of_token.get(token, -1)
+        if self._policy.per_key:
+            yield from self._close_by_fallback(slot, watermark_ms)
+            return
         partition_id = _partition_id()
         origins, starts_out, counts_out, sums_out, maxes_out = [], [], [], [], []
         for (origin,), (blob, id_blob) in list(self._pending.iterator()):
@@ -436,12 +696,17 @@ class FlightDelayProcessor(StatefulProcessor):
                 self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]), ids.tobytes()))
         if not origins:
             return
+        yield self._windows(slot, partition_id, origins, starts_out, counts_out, sums_out, maxes_out, [watermark_ms] * len(origins), watermark_ms)
+
+    def _windows(self, slot, partition_id, origins, starts_out, counts_out, sums_out, maxes_out, watermarks, global_watermark_ms) -> pd.DataFrame:
+        """`window` rows for closed windows given per origin as lists of arrays (one origin
+        element per window in `origins` and `watermarks`)."""
         starts = np.concatenate(starts_out)
         counts = np.concatenate(counts_out)
         sums = np.concatenate(sums_out)
         means = sums / counts
         n = len(origins)
-        yield _frame(
+        return _frame(
             KIND_WINDOW,
             n,
             {
@@ -455,7 +720,8 @@ class FlightDelayProcessor(StatefulProcessor):
                 "max_delay_min": np.concatenate(maxes_out),
                 "mean_delay_min": means,
                 "alert": window_alerts(means, counts),
-                "watermark_ms": [watermark_ms] * n,
+                "watermark_ms": watermarks,
+                "global_watermark_ms": [global_watermark_ms] * n,
             },
         )
 

@@ -34,7 +34,8 @@ from pyspark.sql import DataFrame
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.processing.failpoints import failpoint
 from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
-from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WINDOW, window_alerts
+from keyshift.processing.pieces import PieceAssembler
+from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW, window_alerts
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,17 @@ class FlightDelaySink:
         batch_base: the run-wide id of this query's batch 0: a run that a switch carried over
             several queries (segments) numbers its batches on, so the ledger, the windows files
             and the side-output transactions see one sequence (`keyshift.migration.switch`).
+        pieces: in a per-key watermark mode, the `PieceAssembler` that holds split keys' window
+            pieces until every piece has closed the window; None (global mode): the pieces of a
+            window all close in one batch and `merge_split_windows` folds them there.
 
     Attributes:
         counters: the run's totals so far, including batches recorded before a crash (read back
             from the ledger at construction).
     """
 
-    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0) -> None:
+    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0,
+                 pieces: PieceAssembler | None = None) -> None:
         self.windows_dir = Path(run_dir) / "windows"
         self.windows_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
@@ -139,6 +144,7 @@ class FlightDelaySink:
         self.batch_slot_events: dict[int, list[int]] = {b: list(c.per_slot_events) for b, c in self._batches.items()}
         self.last_batch_id = max(self._batches, default=-1)
         self.batch_base = batch_base
+        self.pieces = pieces
         self.barrier = threading.Event()
         self.in_flight = False
         self.last_query_batch: int | None = None
@@ -168,7 +174,13 @@ class FlightDelaySink:
         windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])
         late = by_kind.get(KIND_LATE, out.iloc[0:0])
         dead = by_kind.get(KIND_DEAD_LETTER, out.iloc[0:0])
-        windows, merged_pieces = merge_split_windows(windows)
+        if self.pieces is not None:
+            marks = by_kind.get(KIND_WATERMARK, out.iloc[0:0])
+            fallback = out["global_watermark_ms"].max() if len(out) else None
+            fallback = None if fallback is None or pd.isna(fallback) else int(fallback)
+            windows, merged_pieces = self.pieces.assemble(windows, marks, fallback, batch_id)
+        else:
+            windows, merged_pieces = merge_split_windows(windows)
 
         slot_events = [0] * self.partitions
         for slot, count in zip(loads["slot"], loads["count"]):

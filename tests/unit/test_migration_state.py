@@ -12,7 +12,7 @@ from keyshift.migration.state import (
     restore_initial_state,
 )
 from keyshift.processing.processor import (
-    PENDING_KEY_SCHEMA, PENDING_STATE_NAME, PENDING_VALUE_SCHEMA, STATE_VARIABLES, merge_pending_values, pack_pending,
+    CLOCK_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_STATE_NAME, PENDING_VALUE_SCHEMA, STATE_VARIABLES, merge_pending_values, pack_pending,
     unpack_pending,
 )
 
@@ -45,7 +45,7 @@ def test_each_key_gets_its_new_slots_token_and_moves_are_counted():
     assert migrated.keys_moved == 1 and migrated.keys_total == 2
     atl_bytes = len(state[PENDING_STATE_NAME]["partials"][1]) + len(state[PENDING_STATE_NAME]["event_ids"][1])
     assert migrated.state_bytes_moved == atl_bytes
-    assert migrated.rows_read == {PENDING_STATE_NAME: 2} and migrated.rows_written == {PENDING_STATE_NAME: 2}
+    assert migrated.rows_read == {PENDING_STATE_NAME: 2, CLOCK_STATE_NAME: 0} and migrated.rows_written == {PENDING_STATE_NAME: 2, CLOCK_STATE_NAME: 0}
     assert list(migrated.rows.columns) == initial_state_schema(STATE_VARIABLES).fieldNames()
     assert set(migrated.rows[STATE_VAR_COLUMN]) == {PENDING_STATE_NAME}
 
@@ -56,7 +56,7 @@ def test_the_pieces_of_a_split_key_merge_into_one_row_with_every_event():
         (12, "ORD", pending([0, 2 * H], [1, 1], [6, 3], [6, 3], [4, 8])),
     ])
     migrated = rekey_state(state, no_timers(), STATE_VARIABLES, lambda key: 1, NEW_TOKENS, OLD_TOKENS)
-    assert len(migrated.rows) == 1 and migrated.rows_written == {PENDING_STATE_NAME: 1}
+    assert len(migrated.rows) == 1 and migrated.rows_written == {PENDING_STATE_NAME: 1, CLOCK_STATE_NAME: 0}
     starts, counts, sums, maxes = unpack_pending(migrated.rows["partials"][0])
     assert starts.tolist() == [0, H, 2 * H] and counts.tolist() == [3, 1, 1]
     assert sums.tolist() == [11, 9, 3] and maxes.tolist() == [6, 9, 3]
