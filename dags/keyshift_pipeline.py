@@ -34,6 +34,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, task
 
 from keyshift import names
+from keyshift.eventtime.watermarks import WATERMARK_MODES
 from keyshift.orchestration import pipeline
 from keyshift.orchestration.sensors import JobProgressSensor
 from keyshift.orchestration.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY_S
@@ -63,6 +64,9 @@ RUN_ID = "{{ job_run_id(run_id) }}"
                       description="Replay rate in events/s; empty = as fast as possible."),
         "bound_ms": Param(3_600_000, type="integer", minimum=0,
                           description="Watermark bound in ms: how late an event may be before it counts as late."),
+        "watermark": Param("global", type="string", enum=list(WATERMARK_MODES),
+                           description="Watermark mode: global (one per query, Spark's), key (one per key), "
+                                       "nkey (one per group of keys), dynamic (per key, the bound follows the key's disorder up to bound_ms)."),
         "max_restarts": Param(DEFAULT_MAX_RESTARTS, type="integer", minimum=0, maximum=1000,
                               description="Continuous run: times a dead driver is restarted from its checkpoint "
                                           "before the run fails (restarts; Flink's fixed-delay attempts)."),
@@ -100,7 +104,8 @@ def keyshift_pipeline():
 
         policy = RestartPolicy(int(params["max_restarts"]), float(params["restart_delay_s"]))
         job = launch_job(Settings(), pipeline.job_run_id(run_id), strategy=params["strategy"],
-                         partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]), policy=policy)
+                         partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]),
+                         watermark=params.get("watermark") or "global", policy=policy)
         return {"run_id": job.run_id, "pid": job.pid, "supervisor_pid": job.supervisor_pid,
                 "log_path": str(job.log_path), "adopted": job.adopted}
 
@@ -131,7 +136,7 @@ def keyshift_pipeline():
         name=f"keyshift-{RUN_ID}",
         application_args=pipeline.spark_submit_args(
             RUN_ID, "{{ params.strategy }}", "{{ params.partitions }}", "{{ params.bound_ms }}",
-            "{{ params.limit }}",
+            "{{ params.limit }}", watermark="{{ params.watermark }}",
         ),
         env_vars={name: "{{ spark_env()['%s'] }}" % name
                   for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PATH")},

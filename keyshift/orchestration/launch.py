@@ -195,6 +195,7 @@ def launch_job(
     limit: int | None = None,
     topic: str | None = None,
     max_offsets_per_trigger: int | None = None,
+    watermark: str | None = None,
     policy: RestartPolicy = RestartPolicy(),
     application: Path = pipeline.APPLICATION,
     startup_check_s: float = 3.0,
@@ -208,8 +209,8 @@ def launch_job(
         settings: Redis, runs folder and `spark_master`; handed to the supervisor and the driver
             as `KEYSHIFT_*` variables (`settings_env`).
         run_id: keyshift run id (`pipeline.job_run_id`).
-        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger: the job's
-            arguments (`pipeline.spark_submit_args`; None: the job's default).
+        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger, watermark: the
+            job's arguments (`pipeline.spark_submit_args`; None: the job's default).
         policy: the restart policy (`max_restarts` restarts, `restart_delay_s` seconds apart).
         application: the Spark application file (it must accept `--run-id …` and `--resume RUN_ID`).
         startup_check_s: seconds to watch the first attempt; a driver dead by then (or a
@@ -262,7 +263,7 @@ def launch_job(
             str(application),
         )
         argv = (*base, *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit, topic=topic,
-                                                   max_offsets_per_trigger=max_offsets_per_trigger))
+                                                   max_offsets_per_trigger=max_offsets_per_trigger, watermark=watermark))
         spec = SupervisorSpec(run_id=run_id, argv=argv, resume_argv=(*base, *pipeline.resume_args(run_id)),
                               policy=policy, cwd=str(PROJECT_ROOT))
         spec.write(spec_path(home))
@@ -272,7 +273,7 @@ def launch_job(
         client.hset(key, mapping={
             "run_id": run_id, "state": "starting", "log_path": str(log_path),
             "strategy": strategy, "partitions": str(partitions), "bound_ms": str(bound_ms),
-            "limit": "" if limit is None else str(limit), "topic": topic or "",
+            "watermark": watermark or "global", "limit": "" if limit is None else str(limit), "topic": topic or "",
             "started_at": _utcnow_iso(), "host": socket.gethostname(),
             "max_restarts": str(policy.max_restarts), "restart_delay_s": str(policy.restart_delay_s),
             "restarts": "0", "restart_history": "[]", "attempt": "0",

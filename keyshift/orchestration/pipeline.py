@@ -229,6 +229,7 @@ def spark_submit_args(
     *,
     topic: str | None = None,
     max_offsets_per_trigger: int | None = None,
+    watermark: str | None = None,
 ) -> list[str]:
     """The flight delay job's own arguments (after the application path).
 
@@ -241,10 +242,12 @@ def spark_submit_args(
         limit: events to process then exit; `None` (or 0) runs until stopped.
         topic: the input topic; None: the job's default (`names.FLIGHTS_TOPIC`).
         max_offsets_per_trigger: records per micro-batch at most; None: the job's default.
+        watermark: the watermark mode (`keyshift.eventtime.watermarks.WATERMARK_MODES`); None
+            or empty: the job's default (`global`).
 
     Returns:
         `["--run-id", run_id, "--strategy", s, "--partitions", P, "--bound-ms", b, ("--limit", N),
-        ("--topic", t), ("--max-offsets-per-trigger", n)]`.
+        ("--topic", t), ("--max-offsets-per-trigger", n), ("--watermark", mode)]`.
     """
     args = [
         "--run-id", str(run_id),
@@ -258,6 +261,8 @@ def spark_submit_args(
         args += ["--topic", str(topic)]
     if max_offsets_per_trigger:
         args += ["--max-offsets-per-trigger", str(max_offsets_per_trigger)]
+    if watermark:
+        args += ["--watermark", str(watermark)]
     return args
 
 

@@ -64,7 +64,8 @@ def test_dag_shape(dag):
 def test_dag_params_defaults(dag):
     params = dag.params.dump()
     assert params == {"strategy": "hash", "partitions": 8, "limit": 20000, "rate": None, "bound_ms": 3_600_000,
-                      "max_restarts": 3, "restart_delay_s": 10.0}
+                      "watermark": "global", "max_restarts": 3, "restart_delay_s": 10.0}
+    assert set(dag.params.get_param("watermark").schema["enum"]) == {"global", "key", "nkey", "dynamic"}
     # The trigger form accepts a continuous run (null limit) and rejects a negative one.
     schema = dag.params.get_param("limit").schema
     assert "null" in schema["type"] and schema["minimum"] == 0
@@ -90,13 +91,13 @@ def test_spark_submit_operator_renders_args_from_params(dag):
     assert op.jars == "{{ connector_jars() }}"  # rendered at run time: under spark-submit the JVM exists before the job runs
     env = dag.get_template_env()
     context = {
-        "params": {"strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000},
+        "params": {"strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000, "watermark": "key"},
         "run_id": "manual__2026-01-02T03:04:05.678901+00:00",
     }
     rendered = [env.from_string(arg).render(**context) for arg in op.application_args]
     assert rendered == [
         "--run-id", "manual__2026-01-02T03_04_05.678901_00_00",
-        "--strategy", "hash", "--partitions", "4", "--bound-ms", "60000", "--limit", "20000",
+        "--strategy", "hash", "--partitions", "4", "--bound-ms", "60000", "--limit", "20000", "--watermark", "key",
     ]
     rendered_env = {k: env.from_string(v).render(**context) for k, v in op.env_vars.items()}
     assert rendered_env["PYSPARK_PYTHON"] == str(Path(sys.executable).parent / "python")
