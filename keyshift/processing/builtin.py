@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 from keyshift.errors import JobError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.processing.flight_delays import run_records
-from keyshift.processing.records import parse_flight_records
-from keyshift.processing.sinks import WINDOW_COLUMNS
+from keyshift.jobs.flight_delays import FLIGHT_DELAYS, WINDOW_COLUMNS
+from keyshift.processing.records import parse_records
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def builtin_window_stream(
         A streaming DataFrame with origin, window_start, window_end (timestamps), count,
         sum_delay_min, max_delay_min; dead letters are excluded.
     """
-    parsed = run_records(parse_flight_records(kafka_rows), marker_run_id, end_offsets)
+    parsed = run_records(parse_records(kafka_rows, FLIGHT_DELAYS), marker_run_id, end_offsets)
     kept = parsed.where(F.col("dead_letter_reason").isNull() | F.col("is_control")).withColumn(
         "event_ts", F.timestamp_millis("event_time_ms")
     )

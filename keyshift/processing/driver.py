@@ -32,13 +32,13 @@ from keyshift.kafka_clients import client_options, spark_options
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
-from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
+from keyshift.processing.processor import PENDING_STATE_NAME, state_variables, unpack_pending
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.sinks import FlightDelaySink
+from keyshift.processing.sinks import KeyedWindowSink
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
 
@@ -151,13 +151,14 @@ def driver_jvm_pid(spark: SparkSession) -> int:
     return process.pid if process is not None else os.getppid()
 
 
-def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None = None) -> int:
+def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None = None, aggregates: int = 2) -> int:
     """Events held in open windows in the run's state at its last committed batch (or `batch_id`).
 
     Read with Spark's state data source (`statestore`, state variable `pending_windows`), so
     it is an independent count: a stopped continuous run reconciles as events read =
     Σ window counts + late + dead letters + pending; a drained bounded run has none pending.
-    Returns 0 when the query committed no batch.
+    Returns 0 when the query committed no batch. `aggregates`: the job spec's number of
+    aggregates (the pending windows' packed layout; 2 for the flights).
     """
     if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
         return 0
@@ -171,7 +172,7 @@ def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None =
         .select("user_map_value.partials")
         .toPandas()
     )
-    return int(sum(unpack_pending(blob)[1].sum() for blob in state["partials"]))
+    return int(sum(unpack_pending(blob, aggregates)[1].sum() for blob in state["partials"]))
 
 
 def _iso_to_ms(text: str | None) -> int | None:
@@ -504,7 +505,7 @@ def run_flight_delays(
         last = segments[-1]
         checkpoint = run_dir / last["checkpoint"]
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
-        pending = pending_events(spark, checkpoint) + (sink.pieces.held_events() if sink.pieces is not None else 0)
+        pending = pending_events(spark, checkpoint, aggregates=len(config.spec.aggregates)) + (sink.pieces.held_events() if sink.pieces is not None else 0)
         _, consumed = committed_batches(checkpoint, config.topic)
         consumed = consumed or segment_start(last)
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
@@ -542,7 +543,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
     from keyshift.migration import in_driver
     from keyshift.migration.state import initial_state_frame
     from keyshift.migration.switch import SwitchControl, step_index
-    from keyshift.processing.processor import STATE_VARIABLES
+    variables = state_variables(config.spec)  # the job's declared state, for the switch
 
     start, replay = load_job_record(run_dir)[1:]
     segments = load_segments(run_dir)
@@ -558,7 +559,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         # a switch asked for, or cut short before its commit point: the old checkpoint is at
         # rest and nothing is published, so do it now, before the old query starts again
         log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record["switch_id"], record["step"])
-        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, STATE_VARIABLES, save_segments, time.time())
+        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, time.time())
         record = control.current()
     elif record is not None and step_index(record["step"]) < step_index("published"):
         in_driver.publish(settings, record)
@@ -572,10 +573,10 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         checkpoint = run_dir / segment["checkpoint"]
         recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment["index"])
         spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.partitions))
-        pieces = PieceAssembler(run_dir / "pieces", seg_config.split, int(segment["batch_base"])) if config.watermark != "global" else None
-        sink = FlightDelaySink(run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
+        pieces = PieceAssembler(config.spec, run_dir / "pieces", seg_config.split, int(segment["batch_base"])) if config.watermark != "global" else None
+        sink = KeyedWindowSink(config.spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
                                side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
-        initial = initial_state_frame(spark, run_dir / segment["initial_state"], STATE_VARIABLES) if segment.get("initial_state") else None
+        initial = initial_state_frame(spark, run_dir / segment["initial_state"], variables) if segment.get("initial_state") else None
         stream = flight_delay_stream(
             read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
@@ -601,7 +602,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                     raise JobError(f"the new query failed: {exc}") from exc
             watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
                            switching, lambda rec: in_driver.verify_and_finish(
-                               spark, settings, run_dir, segment, rec, control, STATE_VARIABLES, time.time(),
+                               spark, settings, run_dir, segment, rec, control, variables, time.time(),
                                _conservation(spark, run_dir, segments, sink)))
         except JobError as exc:
             sink.barrier.set()  # nothing more of this query reaches the outputs
@@ -623,11 +624,11 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         stop_at = time.time()
         in_driver.stop_at_cut(query, sink, checkpoint)
         _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
-        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, STATE_VARIABLES, save_segments, stop_at)
+        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at)
         record = control.current()
 
 
-def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: FlightDelaySink):
+def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: KeyedWindowSink):
     """The flight job's check that a switch conserved its events: pending events at the cut +
     events processed in the new query's first batch - events that batch accounted for (windows,
     late, dead letters) = pending events after it."""
@@ -635,8 +636,9 @@ def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: Fl
         old, new = segments[-2], segments[-1]
         first = int(new["batch_base"])
         held = sink.pieces.held_events if sink.pieces is not None else (lambda batch_id: 0)
-        before = pending_events(spark, run_dir / old["checkpoint"]) + held(first - 1)
-        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0) + held(first)
+        aggregates = len(sink.spec.aggregates)
+        before = pending_events(spark, run_dir / old["checkpoint"], aggregates=aggregates) + held(first - 1)
+        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0, aggregates=aggregates) + held(first)
         batch = next((b for b in sink.ledger.batches() if b.batch_id == int(new["batch_base"])), None)
         processed = batch.processed_events if batch else 0
         accounted = batch.accounted_events if batch else 0
@@ -646,7 +648,7 @@ def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: Fl
     return check
 
 
-def _publish_progress(query, sink: FlightDelaySink, recorder: RunRecorder, config: FlightDelayJobConfig,
+def _publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config: FlightDelayJobConfig,
                       segment: dict[str, Any], state: dict[str, Any], seen: set[int]) -> bool:
     """Publish a progress record for each batch of `query` not in `seen` (query batch ids);
     returns whether there was one. Updates `state`: batches, records read, consumed offsets,
@@ -680,13 +682,16 @@ def _publish_progress(query, sink: FlightDelaySink, recorder: RunRecorder, confi
                 "batch_duration_ms": record.get("durationMs", {}).get("triggerExecution"),
                 "events_read": sink.counters.processed_events,
                 "events_accounted": sink.counters.accounted_events,
+                # the stateful operator as Spark reports it: numRowsTotal, memoryUsedBytes (RocksDB)
+                "state_store": {"rows": (record.get("stateOperators") or [{}])[0].get("numRowsTotal"),
+                                "memory_bytes": (record.get("stateOperators") or [{}])[0].get("memoryUsedBytes")},
             }
         )
     return new
 
 
 def _watch(
-    query, sink: FlightDelaySink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target,
+    query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target,
     stop_requested, checkpoint: Path, segment: dict[str, Any], control, state: dict[str, Any] | None,
     switching: dict[str, Any] | None, finish_switch,
 ) -> dict[str, Any]:
@@ -825,7 +830,7 @@ def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int
 def build_summary(
     config: FlightDelayJobConfig,
     replay: dict[str, str],
-    sink: FlightDelaySink,
+    sink: KeyedWindowSink,
     watch: dict[str, Any],
     wall_seconds: float,
     sampler: PeakMemorySampler,

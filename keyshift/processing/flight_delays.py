@@ -1,14 +1,15 @@
-"""The flight delay pipeline as a function from the Kafka source to the processor's output.
+"""A keyed window job's pipeline as a function from the Kafka source to the processor's output.
 
-source (Kafka rows) -> parse & validate -> keep this run's records -> event-time plausibility
-(implausible events become dead letters before the watermark can see them) -> dead-letter payload
--> event-time watermark -> drop end-of-input markers
--> Local Merge: partials per (origin, window) and the slot token from the assignment (mapInPandas)
--> groupBy(token).transformWithStateInPandas(FlightDelayProcessor) (drops duplicated event ids)
+source (Kafka rows) -> parse & validate (the job spec's record rules) -> keep this run's records
+-> event-time plausibility (implausible events become dead letters before the watermark can see
+them) -> dead-letter payload -> event-time watermark -> drop end-of-input markers
+-> Local Merge: partials per (key, window) and the slot token from the assignment (mapInPandas)
+-> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids)
 
-The result is a streaming DataFrame of `keyshift.processing.processor.OUTPUT_SCHEMA` rows that the
-sink (`keyshift.processing.sinks.FlightDelaySink`) splits into windows, alerts, late events, dead
-letters and per-slot loads.
+The result is a streaming DataFrame of `keyshift.processing.processor.output_schema(spec)` rows
+that the sink (`keyshift.processing.sinks.KeyedWindowSink`) splits into windows, alerts, late
+events, dead letters and per-slot loads. Which job runs is `FlightDelayJobConfig.job` (the
+flights by default); its spec says what is computed (`keyshift.jobs`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import INPUT_COLUMNS, PARTIAL_SCHEMA, local_merge_function
-from keyshift.processing.processor import OUTPUT_SCHEMA, FlightDelayProcessor
-from keyshift.processing.records import validate_flight_records, with_dead_letter_payload
+from keyshift.processing.local_merge import input_columns, local_merge_function, partial_schema
+from keyshift.processing.processor import KeyedWindowProcessor, output_schema
+from keyshift.processing.records import validate_records, with_dead_letter_payload
+from keyshift.processing.spec import JobSpec
 
 EVENT_TIME_COLUMN = "event_ts"
 
@@ -58,10 +60,11 @@ def check_job_strategy(name: str) -> str:
 
 @dataclass(frozen=True)
 class FlightDelayJobConfig:
-    """What one run of the flight delay job does.
+    """What one run of a keyed window job does (the flight delay job by default).
 
     Attributes:
         run_id: names the run's folder `runs/<run_id>/` and its Redis records.
+        job: the job's name (`keyshift.jobs.job_spec`), default `flight_delays`.
         strategy: placement strategy name, one of `JOB_STRATEGIES`.
         partitions: P slots = Kafka partitions of the input = Spark shuffle partitions.
         epoch: the assignment epoch in force, written on every window.
@@ -99,6 +102,7 @@ class FlightDelayJobConfig:
     """
 
     run_id: str
+    job: str = "flight_delays"
     strategy: str = "hash"
     partitions: int = 8
     epoch: int = 0
@@ -122,6 +126,13 @@ class FlightDelayJobConfig:
     key_idle_timeout_s: float = WatermarkPolicy.idle_timeout_s
 
     @property
+    def spec(self) -> JobSpec:
+        """The job's spec (raises ConfigurationError for an unknown job)."""
+        from keyshift.jobs import job_spec
+
+        return job_spec(self.job)
+
+    @property
     def watermark_policy(self) -> WatermarkPolicy:
         """The run's watermark policy (raises ConfigurationError for a bad mode or value)."""
         return WatermarkPolicy(
@@ -139,7 +150,7 @@ def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | No
     """Keep the records of one run: its events and its own end-of-input markers.
 
     Args:
-        parsed: `parse_flight_records` or `validate_flight_records` output (needs kafka_partition, kafka_offset, is_control,
+        parsed: `parse_records` or `validate_records` output (needs kafka_partition, kafka_offset, is_control,
             control_run_id).
         run_id: markers of other runs (same topic, earlier or concurrent runs) are dropped, so
             they cannot move this run's watermark.
@@ -186,20 +197,20 @@ def flight_delay_stream(
             lateness, window closing and the plausibility reference never go below it.
 
     Returns:
-        A streaming DataFrame of processor output rows (`OUTPUT_SCHEMA`), append mode.
+        A streaming DataFrame of processor output rows (`output_schema(config.spec)`), append mode.
 
     The watermark column is dropped before the stateful operator on purpose: the processor itself
     decides lateness per event (window end <= watermark) and sends late events to a side output,
     so Spark must not filter them out silently first.
     """
-    policy = config.watermark_policy
-    own = run_records(validate_flight_records(kafka_rows), config.run_id, config.end_offsets)
+    policy, spec = config.watermark_policy, config.spec
+    own = run_records(validate_records(kafka_rows, spec), config.run_id, config.end_offsets)
     # before the watermark operator, so an implausible event never moves the watermark
     plausible = quarantine_implausible(
         own, checkpoint_dir or default_checkpoint_dir(config.run_id), policy.spark_delay_ms, config.plausibility,
         exempt=F.col("is_control"), watermark_floor_ms=watermark_floor_ms,
     )
-    timed = with_dead_letter_payload(plausible).withColumn(
+    timed = with_dead_letter_payload(plausible, spec).withColumn(
         EVENT_TIME_COLUMN,
         F.when(
             F.col("dead_letter_reason").isNull() | F.col("is_control"),
@@ -214,19 +225,20 @@ def flight_delay_stream(
         .where(~(F.col("is_control") & F.col(EVENT_TIME_COLUMN).isNotNull()))
         .drop(EVENT_TIME_COLUMN, "is_control", "control_run_id")
     )
-    partials = events.select(*INPUT_COLUMNS).mapInPandas(
+    partials = events.select(*input_columns(spec)).mapInPandas(
         local_merge_function(
+            spec,
             config.strategy, config.partitions, config.window_ms, config.assignment,
             (config.redis_url, config.topic) if config.assignment is not None else None,
             config.split,
         ),
-        PARTIAL_SCHEMA,
+        partial_schema(spec),
     )
     return (
         partials.groupBy("token")
         .transformWithStateInPandas(
-            statefulProcessor=FlightDelayProcessor(slot_tokens(config.partitions), config.window_ms, watermark_floor_ms, policy),
-            outputStructType=OUTPUT_SCHEMA,
+            statefulProcessor=KeyedWindowProcessor(spec, slot_tokens(config.partitions), config.window_ms, watermark_floor_ms, policy),
+            outputStructType=output_schema(spec),
             outputMode="Append",
             timeMode="EventTime",
             initialState=initial_state,

@@ -1,4 +1,4 @@
-"""Local Merge: partial window aggregates per (origin, window, slot) before the shuffle.
+"""Local Merge: partial window aggregates per (key, window, slot) before the shuffle.
 
 Paper 000 §4.3 (Local Merge) pre-aggregates on the sending side so that the keyed exchange
 carries partials instead of events. Here it also decides each row's slot token, so the events
@@ -6,10 +6,12 @@ cross into Python once before the shuffle instead of twice. It matters because p
 transformWithStateInPandas rebuilds its input row by row in Python: its cost grows with the rows
 it receives, and a micro-batch of 250,000 flights becomes about 40,000 partials.
 
-Every event stays traceable: a partial carries the event ids, times, delays, destinations,
-distances and Kafka offsets of its events as lists, which the processor unpacks only when the
-partial turns out to be late (its window already closed). Dead letters pass through one row each.
-A key split by hot_split yields one partial per (window, piece), each with its piece's slot token.
+Every event stays traceable: a partial carries the event ids, times, Kafka offsets and the
+payload fields of its events as lists (`<column>_list`; flights: destination, delay_min,
+distance_mi), which the processor unpacks only when the partial turns out to be late (its
+window already closed) or holds a duplicate. Dead letters pass through one row each. A key split
+by hot_split yields one partial per (window, piece), each with its piece's slot token. The
+columns come from the job's spec (`keyshift.processing.spec.JobSpec`).
 """
 
 from __future__ import annotations
@@ -23,42 +25,48 @@ from pyspark.sql import types as T
 from keyshift.eventtime.windows import window_starts_ms
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.placement.strategies import place_events
-from keyshift.processing.records import PARSED_COLUMNS
+from keyshift.processing.records import parsed_columns
+from keyshift.processing.spec import JobSpec
 
-PARTIAL_SCHEMA = T.StructType(
-    [
-        T.StructField("token", T.IntegerType(), False),
-        T.StructField("origin", T.StringType(), True),
-        T.StructField("window_start_ms", T.LongType(), True),
-        T.StructField("count", T.LongType(), False),
-        T.StructField("sum_delay_min", T.LongType(), True),
-        T.StructField("max_delay_min", T.LongType(), True),
-        T.StructField("event_ids", T.ArrayType(T.LongType()), True),
-        T.StructField("event_times_ms", T.ArrayType(T.LongType()), True),
-        T.StructField("delays_min", T.ArrayType(T.LongType()), True),
-        T.StructField("distances_mi", T.ArrayType(T.LongType()), True),
-        T.StructField("destinations", T.ArrayType(T.StringType()), True),
-        T.StructField("kafka_offsets", T.ArrayType(T.LongType()), True),
-        T.StructField("kafka_partition", T.IntegerType(), True),
-        T.StructField("dead_letter_reason", T.StringType(), True),
-        T.StructField("raw_value", T.StringType(), True),
-        T.StructField("raw_encoding", T.StringType(), True),
-        T.StructField("raw_key_base64", T.StringType(), True),
-    ]
-)
-"""Rows sent to the stateful processor: a partial (count events of origin in a window) or, when
-`dead_letter_reason` is set, one dead letter (count 1, `kafka_offsets` and the raw payload
-`raw_value`, `raw_encoding`, `raw_key_base64` of `keyshift.processing.records` set)."""
+def list_column(column: str) -> str:
+    """The partial's list column carrying a payload field's value per event."""
+    return f"{column}_list"
 
-PARTIAL_COLUMNS = [field.name for field in PARTIAL_SCHEMA.fields]
 
-INPUT_COLUMNS = tuple(c for c in PARSED_COLUMNS if c not in ("is_control", "control_run_id"))
-"""Columns `local_merge` reads (from `keyshift.processing.records.parse_flight_records`)."""
+def partial_schema(spec: JobSpec) -> T.StructType:
+    """Rows sent to the stateful processor: a partial (count events of a key in a window, with
+    each aggregate of the spec) or, when `dead_letter_reason` is set, one dead letter (count 1,
+    `kafka_offsets` and the raw payload `raw_value`, `raw_encoding`, `raw_key_base64` of
+    `keyshift.processing.records` set)."""
+    return T.StructType(
+        [
+            T.StructField("token", T.IntegerType(), False),
+            T.StructField(spec.key, T.StringType(), True),
+            T.StructField("window_start_ms", T.LongType(), True),
+            T.StructField("count", T.LongType(), False),
+            *[T.StructField(a.name, T.LongType(), True) for a in spec.aggregates],
+            T.StructField("event_ids", T.ArrayType(T.LongType()), True),
+            T.StructField("event_times_ms", T.ArrayType(T.LongType()), True),
+            *[T.StructField(list_column(f.col), T.ArrayType(f.spark_type), True) for f in spec.payload],
+            T.StructField("kafka_offsets", T.ArrayType(T.LongType()), True),
+            T.StructField("kafka_partition", T.IntegerType(), True),
+            T.StructField("dead_letter_reason", T.StringType(), True),
+            T.StructField("raw_value", T.StringType(), True),
+            T.StructField("raw_encoding", T.StringType(), True),
+            T.StructField("raw_key_base64", T.StringType(), True),
+        ]
+    )
+
+
+def input_columns(spec: JobSpec) -> tuple[str, ...]:
+    """Columns `partials_of` reads (`keyshift.processing.records.parsed_columns` without the
+    control columns)."""
+    return tuple(c for c in parsed_columns(spec) if c not in ("is_control", "control_run_id"))
 
 
 def row_tokens(
-    origin_codes: np.ndarray,
-    origin_names: Sequence[str],
+    key_codes: np.ndarray,
+    key_names: Sequence[str],
     event_ids: np.ndarray,
     token_of,
     split_tokens: Mapping[str, np.ndarray] | None = None,
@@ -71,8 +79,8 @@ def row_tokens(
     were written to (Ahead KeyBy).
 
     Args:
-        origin_codes: int array, one code per event, indexing `origin_names` (`pd.factorize`).
-        origin_names: the distinct keys.
+        key_codes: int array, one code per event, indexing `key_names` (`pd.factorize`).
+        key_names: the distinct keys.
         event_ids: int64 array of the events' ids (>= 0).
         token_of: key -> slot token for a key placed whole.
         split_tokens: split key -> int32 array of its slots' tokens (piece i on element i), or None.
@@ -80,13 +88,14 @@ def row_tokens(
     Returns:
         An int32 array of tokens, one per event.
     """
-    per_key = np.array([token_of(name) for name in origin_names], dtype=np.int32)
-    pieces = {code: split_tokens[name] for code, name in enumerate(origin_names) if name in (split_tokens or {})}
-    return place_events(origin_codes, event_ids, per_key, pieces)
+    per_key = np.array([token_of(name) for name in key_names], dtype=np.int32)
+    pieces = {code: split_tokens[name] for code, name in enumerate(key_names) if name in (split_tokens or {})}
+    return place_events(key_codes, event_ids, per_key, pieces)
 
 
 def partials_of(
     events: pd.DataFrame,
+    spec: JobSpec,
     token_of,
     tokens: np.ndarray,
     window_ms: int,
@@ -95,7 +104,8 @@ def partials_of(
     """Partial aggregates of one chunk of parsed records.
 
     Args:
-        events: `INPUT_COLUMNS` of valid and rejected records of one Spark partition.
+        events: `input_columns(spec)` of valid and rejected records of one Spark partition.
+        spec: the job (key, aggregates, payload fields).
         token_of: key -> slot token (`keyshift.placement.spark_tokens.token_lookup`).
         tokens: slot -> token array; a dead letter goes to `tokens[kafka_partition mod P]`.
         window_ms: tumbling window size, ms of event time.
@@ -103,17 +113,18 @@ def partials_of(
             key gets one partial per (window, piece), each on its piece's slot.
 
     Returns:
-        A frame of `PARTIAL_COLUMNS`: one row per (origin, window start, token) present, with
-        count, sum and max of `delay_min` and the lists of its events' fields, plus one row per
-        dead letter. Σ `count` = rows of `events`.
+        A frame of `partial_schema(spec)` columns: one row per (key, window start, token)
+        present, with count, each aggregate, and the lists of its events' fields, plus one row
+        per dead letter. Σ `count` = rows of `events`.
     """
+    columns_out = partial_schema(spec).fieldNames()
     rejected = events["dead_letter_reason"].notna().to_numpy()
     frames = []
     if rejected.any():
         dead = events[rejected]
         partitions = dead["kafka_partition"].to_numpy(np.int64)
         nothing = [None] * len(dead)  # None, not NaN: Spark reads NaN in a list column as a value
-        columns = {name: nothing for name in PARTIAL_COLUMNS}
+        columns = {name: nothing for name in columns_out}
         columns.update(
             token=tokens[partitions % len(tokens)].astype(np.int32),
             count=np.ones(len(dead), dtype=np.int64),
@@ -124,55 +135,49 @@ def partials_of(
             raw_encoding=dead["raw_encoding"].to_numpy(),
             raw_key_base64=dead["raw_key_base64"].to_numpy(),
         )
-        frames.append(pd.DataFrame(columns, columns=PARTIAL_COLUMNS))
+        frames.append(pd.DataFrame(columns, columns=columns_out))
     valid = events[~rejected]
     if len(valid):
-        origins = valid["origin"].to_numpy()
-        starts = window_starts_ms(valid["event_time_ms"].to_numpy(np.int64), window_ms)
-        origin_codes, origin_names = pd.factorize(origins)
-        event_ids = valid["event_id"].to_numpy(np.int64)
-        event_tokens = row_tokens(origin_codes, origin_names, event_ids, token_of, split_tokens)
-        order = np.lexsort((event_tokens, starts, origin_codes))
-        codes_sorted, starts_sorted, tokens_sorted = origin_codes[order], starts[order], event_tokens[order]
+        keys = valid[spec.key].to_numpy()
+        starts = window_starts_ms(valid[spec.event_time].to_numpy(np.int64), window_ms)
+        key_codes, key_names = pd.factorize(keys)
+        event_ids = valid[spec.event_id].to_numpy(np.int64)
+        event_tokens = row_tokens(key_codes, key_names, event_ids, token_of, split_tokens)
+        order = np.lexsort((event_tokens, starts, key_codes))
+        codes_sorted, starts_sorted, tokens_sorted = key_codes[order], starts[order], event_tokens[order]
         boundary = np.flatnonzero(
             (np.diff(codes_sorted) != 0) | (np.diff(starts_sorted) != 0) | (np.diff(tokens_sorted) != 0)
         ) + 1
         first = np.concatenate(([0], boundary))
-        delays = valid["delay_min"].to_numpy(np.int64)[order]
-        group_origins = origin_names[codes_sorted[first]]
 
         def lists(values: np.ndarray) -> list[np.ndarray]:
             return np.split(values[order], boundary)
 
-        frames.append(
-            pd.DataFrame(
-                {
-                    "token": tokens_sorted[first],
-                    "origin": group_origins,
-                    "window_start_ms": starts_sorted[first],
-                    "count": np.diff(np.concatenate((first, [len(order)]))),
-                    "sum_delay_min": np.add.reduceat(delays, first),
-                    "max_delay_min": np.maximum.reduceat(delays, first),
-                    "event_ids": lists(event_ids),
-                    "event_times_ms": lists(valid["event_time_ms"].to_numpy(np.int64)),
-                    "delays_min": np.split(delays, boundary),
-                    "distances_mi": lists(valid["distance_mi"].to_numpy(np.int64)),
-                    "destinations": lists(valid["destination"].to_numpy(object)),
-                    "kafka_offsets": lists(valid["kafka_offset"].to_numpy(np.int64)),
-                    "kafka_partition": valid["kafka_partition"].to_numpy(np.int32)[order][first],
-                    "dead_letter_reason": [None] * len(first),
-                    "raw_value": [None] * len(first),
-                    "raw_encoding": [None] * len(first),
-                    "raw_key_base64": [None] * len(first),
-                }
-            )
-        )
+        data = {
+            "token": tokens_sorted[first],
+            spec.key: key_names[codes_sorted[first]],
+            "window_start_ms": starts_sorted[first],
+            "count": np.diff(np.concatenate((first, [len(order)]))),
+        }
+        for aggregate in spec.aggregates:
+            values = valid[aggregate.field].to_numpy(np.int64)[order]
+            data[aggregate.name] = aggregate.merge.reduceat(values, first)
+        data["event_ids"] = lists(event_ids)
+        data["event_times_ms"] = lists(valid[spec.event_time].to_numpy(np.int64))
+        for f in spec.payload:
+            data[list_column(f.col)] = lists(valid[f.col].to_numpy(np.int64 if f.dtype == "long" else object))
+        data["kafka_offsets"] = lists(valid["kafka_offset"].to_numpy(np.int64))
+        data["kafka_partition"] = valid["kafka_partition"].to_numpy(np.int32)[order][first]
+        for name in ("dead_letter_reason", "raw_value", "raw_encoding", "raw_key_base64"):
+            data[name] = [None] * len(first)
+        frames.append(pd.DataFrame(data, columns=columns_out))
     if not frames:
-        return pd.DataFrame({name: [] for name in PARTIAL_COLUMNS})
+        return pd.DataFrame({name: [] for name in columns_out})
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
 def local_merge_function(
+    spec: JobSpec,
     strategy_name: str,
     partitions: int,
     window_ms: int,
@@ -202,6 +207,6 @@ def local_merge_function(
         split_tokens = {key: tokens[list(slots)] for key, slots in (split or {}).items()}
         frames = [chunk for chunk in chunks if len(chunk)]
         if frames:
-            yield partials_of(pd.concat(frames, ignore_index=True), token_of, tokens, window_ms, split_tokens)
+            yield partials_of(pd.concat(frames, ignore_index=True), spec, token_of, tokens, window_ms, split_tokens)
 
     return merge

@@ -34,36 +34,40 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshift.processing.processor import window_alerts
+from keyshift.processing.spec import JobSpec
 
 SNAPSHOT = re.compile(r"after-(\d+)\.parquet$")
 
 
-def merge_pieces(pieces: pd.DataFrame) -> pd.DataFrame:
-    """One row per (origin, window_start_ms): counts and sums add, max maxes, mean and alert
-    recomputed, slot the lowest slot that held a piece, other columns from that piece."""
-    ordered = pieces.sort_values(["origin", "window_start_ms", "slot"], kind="stable")
-    grouped = ordered.groupby(["origin", "window_start_ms"], sort=False)
+def merge_window_rows(windows: pd.DataFrame, spec: JobSpec) -> pd.DataFrame:
+    """One row per (key, window_start_ms) of `window` rows: count adds, each aggregate merges by
+    its op, the outputs are recomputed by the spec's rule, `slot` is the lowest slot that held a
+    piece, other columns come from that piece."""
+    ordered = windows.sort_values([spec.key, "window_start_ms", "slot"], kind="stable")
+    grouped = ordered.groupby([spec.key, "window_start_ms"], sort=False)
     merged = grouped.first().reset_index()
     merged["count"] = grouped["count"].sum().to_numpy()
-    merged["sum_delay_min"] = grouped["sum_delay_min"].sum().to_numpy()
-    merged["max_delay_min"] = grouped["max_delay_min"].max().to_numpy()
-    merged["mean_delay_min"] = merged["sum_delay_min"] / merged["count"]
-    merged["alert"] = window_alerts(merged["mean_delay_min"].to_numpy(), merged["count"].to_numpy())
-    return merged[pieces.columns]
+    for aggregate in spec.aggregates:
+        merged[aggregate.name] = grouped[aggregate.name].agg(aggregate.op).to_numpy()
+    values = spec.window_values(merged["count"].to_numpy(np.int64), {a: merged[a].to_numpy(np.int64) for a in spec.aggregate_names})
+    for name in spec.outputs:
+        merged[name] = values[name]
+    return merged[windows.columns]
 
 
 class PieceAssembler:
     """Holds split keys' window pieces across micro-batches (module docstring).
 
     Args:
+        spec: the job (key, aggregates, output rule).
         directory: where the snapshots go (`runs/<run_id>/pieces/`).
         split: the split keys of the current segment -> their slots (hot_split), or None.
         segment_batch_base: run-wide id of the current segment's first batch: reported
             watermarks of snapshots before it are dropped.
     """
 
-    def __init__(self, directory: Path, split: dict[str, tuple[int, ...]] | None, segment_batch_base: int = 0) -> None:
+    def __init__(self, spec: JobSpec, directory: Path, split: dict[str, tuple[int, ...]] | None, segment_batch_base: int = 0) -> None:
+        self.spec = spec
         self.directory = Path(directory)
         self.split = {str(k): tuple(int(s) for s in v) for k, v in (split or {}).items()}
         self.segment_batch_base = int(segment_batch_base)
@@ -107,15 +111,16 @@ class PieceAssembler:
         held, marks, fallback = self._base(batch_id)
         if fallback_ms is not None:
             fallback = max(fallback, int(fallback_ms))
-        held_origins = set(held["origin"]) if held is not None else set()
-        for origin, slot, mark in zip(watermarks.get("origin", []), watermarks.get("slot", []), watermarks.get("watermark_ms", [])):
+        key = self.spec.key
+        held_origins = set(held[key]) if held is not None else set()
+        for origin, slot, mark in zip(watermarks.get(key, []), watermarks.get("slot", []), watermarks.get("watermark_ms", [])):
             if origin in self.split or origin in held_origins:
-                key = (str(origin), int(slot))
-                marks[key] = max(marks.get(key, np.iinfo(np.int64).min), int(mark))
+                piece = (str(origin), int(slot))
+                marks[piece] = max(marks.get(piece, np.iinfo(np.int64).min), int(mark))
         if not self.split and held is None:
             self._snapshot(batch_id, None, {}, fallback)
             return windows, 0
-        is_piece = windows["origin"].isin(set(self.split) | held_origins).to_numpy() if len(windows) else np.zeros(0, bool)
+        is_piece = windows[key].isin(set(self.split) | held_origins).to_numpy() if len(windows) else np.zeros(0, bool)
         direct = windows[~is_piece]
         frames = [f for f in (held, windows[is_piece]) if f is not None and len(f)]
         if not frames:
@@ -123,9 +128,9 @@ class PieceAssembler:
             return direct, 0
         pieces = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
         ends = pieces["window_start_ms"].to_numpy(np.int64) + (pieces["window_end_ms"] - pieces["window_start_ms"]).to_numpy(np.int64)
-        complete = np.array([self._closed_by_all(str(o), int(e), marks, fallback) for o, e in zip(pieces["origin"], ends)], dtype=bool)
+        complete = np.array([self._closed_by_all(str(o), int(e), marks, fallback) for o, e in zip(pieces[key], ends)], dtype=bool)
         done = pieces[complete]
-        merged = merge_pieces(done) if len(done) else done
+        merged = merge_window_rows(done, self.spec) if len(done) else done
         self._snapshot(batch_id, pieces[~complete], marks, fallback)
         out = (pd.concat([direct, merged], ignore_index=True) if len(direct) else merged.reset_index(drop=True)) if len(merged) else direct
         return out, len(done) - len(merged)
@@ -143,7 +148,7 @@ class PieceAssembler:
             return  # nothing was ever split: no files
         self.directory.mkdir(parents=True, exist_ok=True)
         frame = held if held is not None else pd.DataFrame()
-        table = pa.Table.from_pandas(frame, preserve_index=False) if len(frame.columns) else pa.table({"origin": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
+        table = pa.Table.from_pandas(frame, preserve_index=False) if len(frame.columns) else pa.table({self.spec.key: pa.array([], pa.string()), "count": pa.array([], pa.int64())})
         meta = {"watermarks": [[o, s, w] for (o, s), w in sorted(marks.items())], "fallback_ms": int(fallback_ms)}
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"keyshift": json.dumps(meta).encode()})
         final = self.directory / f"after-{batch_id:08d}.parquet"

@@ -1,4 +1,7 @@
-"""The flight delay stateful processor: hourly windows per origin, grouped by slot token.
+"""The keyed window engine's stateful processor: tumbling windows per key, grouped by slot token.
+
+What it computes comes from the job's spec (`keyshift.processing.spec.JobSpec`): the key, the
+aggregates, the output rule. The flights' names (origin, delays) below are one example.
 
 It runs inside `groupBy("token").transformWithStateInPandas(...)`: Spark calls it once per slot
 token per micro-batch with all of that slot's rows (DESIGN.md: group by slot token, aggregate the
@@ -24,7 +27,8 @@ windows, no extra state call. The key is the origin and the Kafka key must equal
 a key split by hot_split, the piece is a function of the event id, so copies meet there too).
 
 Output rows are tagged by `kind`:
-- `window`: a final window [start, start + 1 h) of an origin, emitted once when the watermark
+- `window`: a final window [start, start + size) of a key, with count, the aggregates and the
+  outputs of the spec's rule, emitted once when the watermark
   passes its end (an event-time timer at `end - 1`, since Spark fires timers at expiry < watermark);
 - `late`: an event whose window had already closed when it arrived (window end <= watermark);
 - `dead_letter`: a record that failed validation, passed through with its reason and raw payload,
@@ -57,8 +61,9 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, watermark_key
-from keyshift.eventtime.windows import HOUR_MS
 from keyshift.migration.state import MapStateVariable, restore_initial_state
+from keyshift.processing.local_merge import list_column
+from keyshift.processing.spec import SPARK_TYPES, JobSpec
 
 KIND_WINDOW = "window"
 KIND_LATE = "late"
@@ -69,83 +74,52 @@ KIND_WATERMARK = "watermark"
 DUPLICATE_EVENT_ID = "duplicate event_id"
 """Dead-letter reason of an event whose id its key already delivered inside the dedup horizon."""
 
-ALERT_MIN_MEAN_DELAY_MIN = 30.0
-"""An origin-hour alerts when its mean delay is at least this many minutes ..."""
-ALERT_MIN_COUNT = 5
-"""... over at least this many flights."""
+
+def output_schema(spec: JobSpec) -> T.StructType:
+    """Schema of every row the processor emits for `spec` (columns a kind does not use are NULL):
+    kind, slot, partition_id, the key, window_start_ms, window_end_ms, count, the aggregates, the
+    outputs, event_id, the payload fields, event_time_ms, watermark_ms, the dead-letter columns,
+    kafka_partition, kafka_offset, global_watermark_ms."""
+    return T.StructType(
+        [
+            T.StructField("kind", T.StringType(), False),
+            T.StructField("slot", T.IntegerType(), True),
+            T.StructField("partition_id", T.IntegerType(), True),
+            T.StructField(spec.key, T.StringType(), True),
+            T.StructField("window_start_ms", T.LongType(), True),
+            T.StructField("window_end_ms", T.LongType(), True),
+            T.StructField("count", T.LongType(), True),
+            *[T.StructField(a.name, T.LongType(), True) for a in spec.aggregates],
+            *[T.StructField(name, SPARK_TYPES[dtype], True) for name, dtype in spec.outputs.items()],
+            T.StructField("event_id", T.LongType(), True),
+            *[T.StructField(f.col, f.spark_type, True) for f in spec.payload],
+            T.StructField("event_time_ms", T.LongType(), True),
+            T.StructField("watermark_ms", T.LongType(), True),
+            T.StructField("dead_letter_reason", T.StringType(), True),
+            T.StructField("raw_value", T.StringType(), True),
+            T.StructField("raw_encoding", T.StringType(), True),
+            T.StructField("raw_key_base64", T.StringType(), True),
+            T.StructField("kafka_partition", T.IntegerType(), True),
+            T.StructField("kafka_offset", T.LongType(), True),
+            T.StructField("global_watermark_ms", T.LongType(), True),
+        ]
+    )
 
 
-
-def window_alerts(means: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Which windows alert: mean delay >= `ALERT_MIN_MEAN_DELAY_MIN` over >= `ALERT_MIN_COUNT` flights.
-
-    Args:
-        means: float array, mean delay of each window (minutes). counts: int array, flights per window.
-
-    Returns:
-        A bool array, one per window.
-    """
-    return (np.asarray(means) >= ALERT_MIN_MEAN_DELAY_MIN) & (np.asarray(counts) >= ALERT_MIN_COUNT)
-
-
-OUTPUT_SCHEMA = T.StructType(
-    [
-        T.StructField("kind", T.StringType(), False),
-        T.StructField("slot", T.IntegerType(), True),
-        T.StructField("partition_id", T.IntegerType(), True),
-        T.StructField("origin", T.StringType(), True),
-        T.StructField("window_start_ms", T.LongType(), True),
-        T.StructField("window_end_ms", T.LongType(), True),
-        T.StructField("count", T.LongType(), True),
-        T.StructField("sum_delay_min", T.LongType(), True),
-        T.StructField("max_delay_min", T.LongType(), True),
-        T.StructField("mean_delay_min", T.DoubleType(), True),
-        T.StructField("alert", T.BooleanType(), True),
-        T.StructField("event_id", T.LongType(), True),
-        T.StructField("destination", T.StringType(), True),
-        T.StructField("delay_min", T.LongType(), True),
-        T.StructField("distance_mi", T.LongType(), True),
-        T.StructField("event_time_ms", T.LongType(), True),
-        T.StructField("watermark_ms", T.LongType(), True),
-        T.StructField("dead_letter_reason", T.StringType(), True),
-        T.StructField("raw_value", T.StringType(), True),
-        T.StructField("raw_encoding", T.StringType(), True),
-        T.StructField("raw_key_base64", T.StringType(), True),
-        T.StructField("kafka_partition", T.IntegerType(), True),
-        T.StructField("kafka_offset", T.LongType(), True),
-        T.StructField("global_watermark_ms", T.LongType(), True),
-    ]
-)
-"""Schema of every row the processor emits (columns a kind does not use are NULL)."""
-
-_OUTPUT_COLUMNS = [field.name for field in OUTPUT_SCHEMA.fields]
-
-PENDING_KEY_SCHEMA = T.StructType([T.StructField("origin", T.StringType(), False)])
+PENDING_STATE_NAME = "pending_windows"
 PENDING_VALUE_SCHEMA = T.StructType(
     [T.StructField("partials", T.BinaryType(), False), T.StructField("event_ids", T.BinaryType(), False)]
 )
-"""MapState `pending_windows`: origin -> its open windows' partial aggregates, packed by
-`pack_pending` (a 4 x n int64 array: window_start_ms, count, sum_delay_min, max_delay_min, windows
-sorted by start), and the ids of their events (int64 bytes, window by window in that order,
-`count` ids each: the dedup horizon). Bytes instead of arrays: pyspark serializes array elements
-one by one in Python."""
-
-PENDING_STATE_NAME = "pending_windows"
+"""MapState `pending_windows`: key -> its open windows' partial aggregates, packed by
+`pack_pending` (a (2 + aggregates) x n int64 array: window_start_ms, count, then each aggregate of
+the spec in order, windows sorted by start), and the ids of their events (int64 bytes, window by
+window in that order, `count` ids each: the dedup horizon). Bytes instead of arrays: pyspark
+serializes array elements one by one in Python."""
 
 
-def merge_pending_values(values: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    """Fold the `pending_windows` values of one origin held on several slots (the pieces of a
-    key hot_split spread) into one: windows merged by start (`merge_partials`), event ids kept
-    window by window. The declared merge of the state variable, used when a switch moves state."""
-    starts, counts, sums, maxes, ids = [], [], [], [], []
-    for partials, event_ids in values:
-        s, c, su, m = unpack_pending(partials)
-        starts.append(s), counts.append(c), sums.append(su), maxes.append(m)
-        ids.append(np.frombuffer(event_ids, dtype=np.int64))
-    all_ids = np.concatenate(ids)
-    id_starts = np.repeat(np.concatenate(starts), np.concatenate(counts))
-    merged = merge_partials(*(np.concatenate(a) for a in (starts, counts, sums, maxes)))
-    return pack_pending(*merged), all_ids[np.argsort(id_starts, kind="stable")].tobytes()
+def pending_key_schema(spec: JobSpec) -> T.StructType:
+    """The pending windows' map key: one string field named after the spec's key."""
+    return T.StructType([T.StructField(spec.key, T.StringType(), False)])
 
 
 CLOCK_STATE_NAME = "key_clocks"
@@ -164,6 +138,72 @@ CLOCK_VALUE_SCHEMA = T.StructType(
 dynamic mode."""
 
 
+def pack_pending(starts: np.ndarray, counts: np.ndarray, aggregates: np.ndarray) -> bytes:
+    """Pack open windows into the MapState value: a C-order (2 + a) x n int64 array's bytes.
+
+    Args:
+        starts, counts: int64 arrays of n windows. aggregates: an a x n int64 array (the
+            spec's aggregates in order).
+    """
+    return np.vstack([starts, counts, np.asarray(aggregates, np.int64).reshape(-1, len(starts))]).astype(np.int64).tobytes()
+
+
+def unpack_pending(blob: bytes, aggregates: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of `pack_pending` for a spec with `aggregates` aggregates: (window_start_ms,
+    count, an aggregates x n array). Also what to apply to the state data source's
+    `user_map_value.partials` to read the state."""
+    rows = np.frombuffer(blob, dtype=np.int64).reshape(2 + aggregates, -1)
+    return rows[0], rows[1], rows[2:]
+
+
+def merge_partials(
+    spec: JobSpec, starts: np.ndarray, counts: np.ndarray, aggregates: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge partial window aggregates that share a window start (counts add, each aggregate by
+    its op: sum adds, max maxes, min mins).
+
+    Args:
+        spec: the job. starts, counts: int64 arrays of n partials. aggregates: a x n int64.
+
+    Returns:
+        (starts, counts, aggregates) with one element per distinct start, sorted by start.
+    """
+    unique_starts, inverse = np.unique(starts, return_inverse=True)
+    merged_counts = np.zeros(len(unique_starts), dtype=np.int64)
+    np.add.at(merged_counts, inverse, counts)
+    merged = np.empty((len(spec.aggregates), len(unique_starts)), dtype=np.int64)
+    for i, aggregate in enumerate(spec.aggregates):
+        merged[i] = aggregate.identity
+        aggregate.merge.at(merged[i], inverse, aggregates[i])
+    return unique_starts, merged_counts, merged
+
+
+def state_variables(spec: JobSpec) -> tuple[MapStateVariable, ...]:
+    """The state a job keeps, declared for a switch to read, re-key and restore
+    (`keyshift.migration.state`): its pending windows and its key clocks. Timers are carried by
+    the switch too (one per open window end)."""
+    n = len(spec.aggregates)
+
+    def merge_pending_values(values: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+        """Fold the `pending_windows` values of one key held on several slots (the pieces of a
+        key hot_split spread) into one: windows merged by start (`merge_partials`), event ids
+        kept window by window."""
+        starts, counts, aggregates, ids = [], [], [], []
+        for partials, event_ids in values:
+            s, c, a = unpack_pending(partials, n)
+            starts.append(s), counts.append(c), aggregates.append(a)
+            ids.append(np.frombuffer(event_ids, dtype=np.int64))
+        all_ids = np.concatenate(ids)
+        id_starts = np.repeat(np.concatenate(starts), np.concatenate(counts))
+        merged = merge_partials(spec, np.concatenate(starts), np.concatenate(counts), np.concatenate(aggregates, axis=1))
+        return pack_pending(*merged), all_ids[np.argsort(id_starts, kind="stable")].tobytes()
+
+    return (
+        MapStateVariable(PENDING_STATE_NAME, pending_key_schema(spec), PENDING_VALUE_SCHEMA, merge=merge_pending_values),
+        MapStateVariable(CLOCK_STATE_NAME, CLOCK_KEY_SCHEMA, CLOCK_VALUE_SCHEMA, merge=merge_clock_values, broadcast=is_group_clock),
+    )
+
+
 def merge_clock_values(values: list[tuple]) -> tuple:
     """Fold the clocks of one key held on several slots (hot_split pieces, or an nkey group on
     several slots) into one for a switch: the smallest max event time (so that nothing a piece
@@ -178,39 +218,10 @@ def merge_clock_values(values: list[tuple]) -> tuple:
     ).as_value()
 
 
-STATE_VARIABLES = (
-    MapStateVariable(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA, merge=merge_pending_values),
-    MapStateVariable(CLOCK_STATE_NAME, CLOCK_KEY_SCHEMA, CLOCK_VALUE_SCHEMA, merge=merge_clock_values, broadcast=is_group_clock),
-)
-"""The state the flight delay job keeps, declared for a switch to read, re-key and restore
-(`keyshift.migration.state`). Timers are carried by the switch too (one per open window end)."""
-
-
 def _partition_id() -> int:
     """The Spark partition this code runs in (-1 outside a Spark task, e.g. in TwsTester)."""
     context = TaskContext.get()
     return context.partitionId() if context is not None else -1
-
-
-def _frame(kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
-    """An output frame of `n` rows of `kind`; columns not given are NULL."""
-    data = {name: columns.get(name, [None] * n) for name in _OUTPUT_COLUMNS}
-    data["kind"] = [kind] * n
-    return pd.DataFrame(data, columns=_OUTPUT_COLUMNS)
-
-
-def pack_pending(starts: np.ndarray, counts: np.ndarray, sums: np.ndarray, maxes: np.ndarray) -> bytes:
-    """Pack open windows into the MapState value: a C-order 4 x n int64 array's bytes."""
-    return np.stack([starts, counts, sums, maxes]).astype(np.int64).tobytes()
-
-
-def unpack_pending(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of `pack_pending`: (window_start_ms, count, sum_delay_min, max_delay_min) arrays.
-
-    Also what to apply to the state data source's `user_map_value.partials` to read the state.
-    """
-    rows = np.frombuffer(blob, dtype=np.int64).reshape(4, -1)
-    return rows[0], rows[1], rows[2], rows[3]
 
 
 def _flat(partials: pd.DataFrame, order: np.ndarray, column: str, dtype=np.int64) -> np.ndarray:
@@ -221,33 +232,13 @@ def _flat(partials: pd.DataFrame, order: np.ndarray, column: str, dtype=np.int64
     return np.concatenate([np.asarray(v, dtype=dtype) for v in values])
 
 
-def merge_partials(
-    starts: np.ndarray, counts: np.ndarray, sums: np.ndarray, maxes: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Merge partial window aggregates that share a window start (count and sum add, max maxes).
+class KeyedWindowProcessor(StatefulProcessor):
+    """Tumbling windows per key of a job spec; one instance per slot token and batch.
 
     Args:
-        starts, counts, sums, maxes: int64 arrays of equal length, one partial per element.
-
-    Returns:
-        The same four arrays with one element per distinct start, sorted by start.
-    """
-    unique_starts, inverse = np.unique(starts, return_inverse=True)
-    merged_counts = np.zeros(len(unique_starts), dtype=np.int64)
-    merged_sums = np.zeros(len(unique_starts), dtype=np.int64)
-    merged_maxes = np.full(len(unique_starts), np.iinfo(np.int64).min, dtype=np.int64)
-    np.add.at(merged_counts, inverse, counts)
-    np.add.at(merged_sums, inverse, sums)
-    np.maximum.at(merged_maxes, inverse, maxes)
-    return unique_starts, merged_counts, merged_sums, merged_maxes
-
-
-class FlightDelayProcessor(StatefulProcessor):
-    """Hourly delay windows per origin with alerts; one instance per slot token and batch.
-
-    Args:
+        spec: the job (key, aggregates, output rule, payload fields).
         tokens: the slot tokens in force (`tokens[slot]`), to name each group's slot.
-        window_ms: tumbling window size in milliseconds of event time (default one hour).
+        window_ms: tumbling window size in milliseconds of event time (default: the spec's).
         watermark_floor_ms: the watermark this query starts from, ms of event time: after a
             switch, the old query's watermark for its next batch (`nextBatchWatermarkMs` of its
             last commit). A new checkpoint starts Spark's watermark at 0; lateness and window
@@ -259,10 +250,16 @@ class FlightDelayProcessor(StatefulProcessor):
     """
 
     def __init__(
-        self, tokens: tuple[int, ...], window_ms: int = HOUR_MS, watermark_floor_ms: int = 0, policy: WatermarkPolicy | None = None
+        self, spec: JobSpec, tokens: tuple[int, ...], window_ms: int | None = None, watermark_floor_ms: int = 0,
+        policy: WatermarkPolicy | None = None,
     ) -> None:
+        self._spec = spec
+        self._key = spec.key
+        self._n = len(spec.aggregates)
+        self._variables = state_variables(spec)
+        self._output_columns = output_schema(spec).fieldNames()
         self._slot_of_token = {token: slot for slot, token in enumerate(tokens)}
-        self._window_ms = window_ms
+        self._window_ms = int(window_ms or spec.window_ms)
         self._watermark_floor_ms = int(watermark_floor_ms)
         self._closed_at: tuple[int, int] | None = None
         self._policy = policy or WatermarkPolicy()
@@ -273,31 +270,82 @@ class FlightDelayProcessor(StatefulProcessor):
             self._dynamic = DynamicBound(k=self._policy.history, max_bound_ms=self._policy.bound_ms)
         self._clock_keys: dict[str, str] = {}
         self._swept_at: dict[int, float] = {}
+        self._closing: list[tuple] = []
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        """Declare the MapStates: pending windows (origin -> partial aggregates) and the key clocks
+        """Declare the MapStates: pending windows (key -> partial aggregates) and the key clocks
         (used by the per-key watermark modes only, declared always so every run has one layout)."""
         self._handle = handle
-        self._pending = handle.getMapState(PENDING_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_VALUE_SCHEMA)
+        self._pending = handle.getMapState(PENDING_STATE_NAME, pending_key_schema(self._spec), PENDING_VALUE_SCHEMA)
         self._clocks = handle.getMapState(CLOCK_STATE_NAME, CLOCK_KEY_SCHEMA, CLOCK_VALUE_SCHEMA)
 
     def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
         """Restore state a switch migrated onto this slot token (first batch of a new query only):
-        pending windows per origin and the timers that close them."""
+        pending windows per key, key clocks, and the timers that close the windows."""
         restore_initial_state(
-            initialState, {PENDING_STATE_NAME: self._pending, CLOCK_STATE_NAME: self._clocks}, self._handle.registerTimer, STATE_VARIABLES
+            initialState, {PENDING_STATE_NAME: self._pending, CLOCK_STATE_NAME: self._clocks}, self._handle.registerTimer, self._variables
         )
+
+    # --- rows out -------------------------------------------------------------------------
+
+    def _frame(self, kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
+        """An output frame of `n` rows of `kind`; columns not given are NULL."""
+        data = {name: columns.get(name, [None] * n) for name in self._output_columns}
+        data["kind"] = [kind] * n
+        return pd.DataFrame(data, columns=self._output_columns)
+
+    def _windows(self, slot, partition_id, keys, starts, counts, aggregates, watermarks, global_watermark_ms) -> pd.DataFrame:
+        """`window` rows: one per element of `keys`, `starts`, `counts`, `watermarks`, with
+        `aggregates` an a x n array, plus the spec's outputs."""
+        n = len(keys)
+        values = self._spec.window_values(counts, dict(zip(self._spec.aggregate_names, aggregates)))
+        return self._frame(
+            KIND_WINDOW,
+            n,
+            {
+                "slot": [slot] * n,
+                "partition_id": [partition_id] * n,
+                self._key: keys,
+                "window_start_ms": starts,
+                "window_end_ms": starts + self._window_ms,
+                **values,
+                "watermark_ms": watermarks,
+                "global_watermark_ms": [global_watermark_ms] * n,
+            },
+        )
+
+    def _closed_windows(self, slot: int, partition_id: int, fallback_ms: int) -> pd.DataFrame:
+        """`window` rows for what `self._closing` collected: (key, starts, counts, aggregates, watermark)."""
+        closing, self._closing = self._closing, []
+        keys = [k for k, starts, *_ in closing for _ in range(len(starts))]
+        watermarks = [w for _k, starts, _c, _a, w in closing for _ in range(len(starts))]
+        return self._windows(
+            slot, partition_id, keys, np.concatenate([c[1] for c in closing]), np.concatenate([c[2] for c in closing]),
+            np.concatenate([c[3] for c in closing], axis=1), watermarks, fallback_ms,
+        )
+
+    def _watermark_rows(self, slot: int, partition_id: int, keys: list, watermarks: list, fallback_ms: int) -> pd.DataFrame:
+        """`watermark` rows: each key's watermark on this slot (ms of event time)."""
+        n = len(keys)
+        return self._frame(KIND_WATERMARK, n, {"slot": [slot] * n, "partition_id": [partition_id] * n, self._key: keys,
+                                               "watermark_ms": watermarks, "global_watermark_ms": [fallback_ms] * n})
+
+    def _load(self, slot: int, partition_id: int, processed: int, watermark_ms: int) -> pd.DataFrame:
+        return self._frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [processed],
+                                          "watermark_ms": [watermark_ms], "global_watermark_ms": [watermark_ms]})
+
+    # --- input ------------------------------------------------------------------------------
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         """Fold one slot's partials into its keys' pending windows; emit late, dead, load rows.
 
-        `rows` are `keyshift.processing.local_merge.PARTIAL_SCHEMA` chunks: partial aggregates
-        per (origin, window) and single dead letters. A partial whose window the watermark has
-        closed goes out as late events; duplicated event ids go out as dead letters (see the
-        module docstring); the rest is merged into the MapState, one read and one write per
-        origin touched, never per event.
+        `rows` are `keyshift.processing.local_merge.partial_schema(spec)` chunks: partial
+        aggregates per (key, window) and single dead letters. A partial whose window the
+        watermark has closed goes out as late events; duplicated event ids go out as dead
+        letters (see the module docstring); the rest is merged into the MapState, one read and
+        one write per key touched, never per event.
         """
         token = int(key[0])
         slot = self._slot_of_token.get(token, -1)
@@ -322,15 +370,13 @@ class FlightDelayProcessor(StatefulProcessor):
                 chunk = chunk[~late]
             if len(chunk):  # a batch whose every partial is late touches no state (issue 8)
                 open_partials.append(chunk)
-        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [_partition_id()], "count": [processed],
-                                    "watermark_ms": [watermark_ms], "global_watermark_ms": [watermark_ms]})
+        yield self._load(slot, _partition_id(), processed, watermark_ms)
         if not open_partials:
             return
         partials = open_partials[0] if len(open_partials) == 1 else pd.concat(open_partials, ignore_index=True)
         touched_starts, duplicates = self._fold(partials)
         if duplicates is not None:
             yield self._duplicates(partials, duplicates, slot)
-
         self._register_timers(touched_starts, spark_watermark_ms)
 
     def _register_timers(self, starts: np.ndarray, spark_watermark_ms: int) -> None:
@@ -347,11 +393,11 @@ class FlightDelayProcessor(StatefulProcessor):
             if expiry not in registered:
                 self._handle.registerTimer(expiry)
 
-    def _clock_key(self, origin: str) -> str:
-        """The clock holding `origin`'s watermark (itself, or its nkey group), cached."""
-        name = self._clock_keys.get(origin)
+    def _clock_key(self, key: str) -> str:
+        """The clock holding `key`'s watermark (itself, or its nkey group), cached."""
+        name = self._clock_keys.get(key)
         if name is None:
-            name = self._clock_keys[origin] = watermark_key(origin, self._policy)
+            name = self._clock_keys[key] = watermark_key(key, self._policy)
         return name
 
     def _store_clock(self, name: str, clock: KeyClock, fallback_ms: int, existed: bool) -> None:
@@ -383,15 +429,13 @@ class FlightDelayProcessor(StatefulProcessor):
             if len(chunk):
                 chunks.append(chunk)
         partition_id = _partition_id()
-        yield _frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [processed],
-                                    "watermark_ms": [fallback_ms], "global_watermark_ms": [fallback_ms]})
+        yield self._load(slot, partition_id, processed, fallback_ms)
         now_ms = int(time.time() * 1000)
         self._closing = []
-        watermark_after: dict[str, int] = {}
         if chunks:
             partials = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            origins = partials["origin"].to_numpy(object)
-            names = np.array([self._clock_key(o) for o in origins], dtype=object)
+            keys = partials[self._key].to_numpy(object)
+            names = np.array([self._clock_key(k) for k in keys], dtype=object)
             codes, distinct = pd.factorize(names)
             clocks: dict[str, KeyClock | None] = {}
             for name in distinct:
@@ -409,49 +453,52 @@ class FlightDelayProcessor(StatefulProcessor):
             times = _flat(partials, identity, "event_times_ms")
             arrival = np.lexsort((_flat(partials, identity, "kafka_offsets"), np.repeat(partials["kafka_partition"].to_numpy(np.int64), counts),
                                   np.repeat(codes, counts)))
-            event_codes = np.repeat(codes, counts)[arrival]
-            bounds = np.searchsorted(event_codes, np.arange(len(distinct) + 1))
+            times = times[arrival]
+            bounds = np.searchsorted(np.repeat(codes, counts)[arrival], np.arange(len(distinct) + 1))
+            after: dict[str, int] = {}
             for code, name in enumerate(distinct):
-                clocks[name] = advance_clock(clocks[name], times[arrival][bounds[code]:bounds[code + 1]], now_ms, self._policy, self._dynamic)
-                watermark_after[name] = clocks[name].watermark_ms(fallback_ms)
+                clocks[name] = advance_clock(clocks[name], times[bounds[code]:bounds[code + 1]], now_ms, self._policy, self._dynamic)
+                after[name] = clocks[name].watermark_ms(fallback_ms)
 
             open_partials = partials[~late]
             if len(open_partials):
-                close_at = {o: watermark_after[self._clock_key(o)] for o in pd.unique(open_partials["origin"].to_numpy(object))}
+                close_at = {k: after[self._clock_key(k)] for k in pd.unique(open_partials[self._key].to_numpy(object))}
                 touched_starts, duplicates = self._fold(open_partials, close_at)
                 if duplicates is not None:
                     yield self._duplicates(open_partials, duplicates, slot)
                 self._register_timers(touched_starts, spark_watermark_ms)
-            for origin, starts, *_ in self._closing:
-                name = self._clock_key(origin)
+            for k, starts, *_ in self._closing:
+                name = self._clock_key(k)
                 clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
             for name, clock in clocks.items():
                 self._store_clock(name, clock, fallback_ms, existed[name])
-            touched = pd.unique(origins)
-            yield self._watermark_rows(slot, partition_id, list(touched), [watermark_after[self._clock_key(o)] for o in touched], fallback_ms)
+            touched = list(pd.unique(keys))
+            yield self._watermark_rows(slot, partition_id, touched, [after[self._clock_key(k)] for k in touched], fallback_ms)
         if self._closing:
             yield self._closed_windows(slot, partition_id, fallback_ms)
         if self._policy.idle_fallback == "timeout":
             yield from self._close_silent(token, slot, partition_id, now_ms, fallback_ms)
 
-    def _closed_windows(self, slot: int, partition_id: int, fallback_ms: int) -> pd.DataFrame:
-        """`window` rows for what `self._closing` collected (origin, starts, counts, sums, maxes, watermark)."""
-        origins = [o for o, starts, *_ in self._closing for _ in range(len(starts))]
-        watermarks = [w for _o, starts, *_rest, w in self._closing for _ in range(len(starts))]
-        columns = list(zip(*[(st, c, su, m) for _o, st, c, su, m, _w in self._closing]))
-        closing, self._closing = self._closing, []
-        del closing
-        return self._windows(slot, partition_id, origins, *columns, watermarks, fallback_ms)
-
-    def _watermark_rows(self, slot: int, partition_id: int, origins: list, watermarks: list, fallback_ms: int) -> pd.DataFrame:
-        """`watermark` rows: each origin's watermark on this slot (ms of event time)."""
-        n = len(origins)
-        return _frame(KIND_WATERMARK, n, {"slot": [slot] * n, "partition_id": [partition_id] * n, "origin": origins,
-                                          "watermark_ms": watermarks, "global_watermark_ms": [fallback_ms] * n})
-
     def _slot_clocks(self) -> dict[str, KeyClock]:
         """Every clock of this slot (one MapState iteration)."""
         return {name: KeyClock.from_value(value) for (name,), value in list(self._clocks.iterator())}
+
+    def _close_pending(self, watermark_of) -> None:
+        """Close, in `self._closing`, every pending window of this slot whose key's watermark
+        (`watermark_of(key)`, ms) has reached its end; what stays open is written back."""
+        for (key,), (blob, id_blob) in list(self._pending.iterator()):
+            watermark = watermark_of(key)
+            starts, counts, aggregates = unpack_pending(blob, self._n)
+            closed = starts + self._window_ms <= watermark
+            if not closed.any():
+                continue
+            self._closing.append((key, starts[closed], counts[closed], aggregates[:, closed], watermark))
+            if closed.all():
+                self._pending.removeKey((key,))
+            else:
+                keep = ~closed
+                ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
+                self._pending.updateValue((key,), (pack_pending(starts[keep], counts[keep], aggregates[:, keep]), ids.tobytes()))
 
     def _close_by_fallback(self, slot: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
         """A timer fired: Spark's watermark (the fallback) passed a window end. Close every
@@ -460,31 +507,23 @@ class FlightDelayProcessor(StatefulProcessor):
         clocks = self._slot_clocks()
         partition_id = _partition_id()
         self._closing = []
-        for (origin,), (blob, id_blob) in list(self._pending.iterator()):
-            clock = clocks.get(self._clock_key(origin))
-            watermark = clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms
-            starts, counts, sums, maxes = unpack_pending(blob)
-            closed = starts + self._window_ms <= watermark
-            if not closed.any():
-                continue
-            self._closing.append((origin, starts[closed], counts[closed], sums[closed], maxes[closed], watermark))
-            if closed.all():
-                self._pending.removeKey((origin,))
-            else:
-                keep = ~closed
-                ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
-                self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]), ids.tobytes()))
+
+        def watermark_of(key: str) -> int:
+            clock = clocks.get(self._clock_key(key))
+            return clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms
+
+        self._close_pending(watermark_of)
         ends: dict[str, int] = {}
-        for origin, starts, *_ in self._closing:
-            name = self._clock_key(origin)
+        for k, starts, *_ in self._closing:
+            name = self._clock_key(k)
             ends[name] = max(ends.get(name, 0), int(starts.max()) + self._window_ms)
         for name, clock in clocks.items():
             self._store_clock(name, close_clock(clock, ends[name]) if name in ends else clock, fallback_ms, True)
         if self._closing:
-            closed_origins = list(dict.fromkeys(o for o, *_ in self._closing))
-            watermarks = [max(w for o2, *_r, w in self._closing if o2 == o) for o in closed_origins]
+            closed_keys = list(dict.fromkeys(k for k, *_ in self._closing))
+            watermarks = [watermark_of(k) for k in closed_keys]
             yield self._closed_windows(slot, partition_id, fallback_ms)
-            yield self._watermark_rows(slot, partition_id, closed_origins, watermarks, fallback_ms)
+            yield self._watermark_rows(slot, partition_id, closed_keys, watermarks, fallback_ms)
 
     def _close_silent(self, token: int, slot: int, partition_id: int, now_ms: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
         """`timeout` fallback: close every window of the keys whose clock saw no event for
@@ -498,49 +537,47 @@ class FlightDelayProcessor(StatefulProcessor):
         if not silent:
             return
         self._closing = []
-        for (origin,), (blob, _ids) in list(self._pending.iterator()):
-            if self._clock_key(origin) in silent:
-                starts, counts, sums, maxes = unpack_pending(blob)
-                self._closing.append((origin, starts, counts, sums, maxes, int(starts.max()) + self._window_ms))
-                self._pending.removeKey((origin,))
-        for origin, starts, *_ in self._closing:
-            name = self._clock_key(origin)
+        self._close_pending(lambda k: np.iinfo(np.int64).max if self._clock_key(k) in silent else np.iinfo(np.int64).min)
+        for k, starts, *_ in self._closing:
+            name = self._clock_key(k)
             clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
             self._store_clock(name, clocks[name], fallback_ms, True)
         if self._closing:
-            closed_origins = [o for o, *_ in self._closing]
-            watermarks = [w for *_r, w in self._closing]
+            closed_keys = [k for k, *_ in self._closing]
+            watermarks = [clocks[self._clock_key(k)].watermark_ms(fallback_ms) for k in closed_keys]
+            for i, entry in enumerate(self._closing):  # the windows' watermark: the key's after closing
+                self._closing[i] = (*entry[:4], watermarks[i])
             yield self._closed_windows(slot, partition_id, fallback_ms)
-            yield self._watermark_rows(slot, partition_id, closed_origins, watermarks, fallback_ms)
+            yield self._watermark_rows(slot, partition_id, closed_keys, watermarks, fallback_ms)
 
     def _fold(self, partials: pd.DataFrame, close_at: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge open-window partials into the MapState, dropping duplicated event ids.
 
         Args:
-            partials: `PARTIAL_SCHEMA` rows of open windows (no dead letter, none late), any order.
-            close_at: per-key modes: origin -> its watermark after this batch (ms of event time);
-                the origin's windows ending at or before it close now: they are collected in
-                `self._closing` as (origin, starts, counts, sums, maxes, watermark) and leave the
+            partials: `partial_schema(spec)` rows of open windows (no dead letter, none late), any order.
+            close_at: per-key modes: key -> its watermark after this batch (ms of event time);
+                the key's windows ending at or before it close now: they are collected in
+                `self._closing` as (key, starts, counts, aggregates, watermark) and leave the
                 state. None (global mode): nothing closes here.
 
         Returns:
             (window starts that stay open and received events, int64 ms; per-event indices of
             duplicates into the flattened events of `partials` in their `_flat_order`, or None).
         """
+        spec = self._spec
         order = self._flat_order(partials)
-        origins = partials["origin"].to_numpy(object)[order]
+        keys = partials[self._key].to_numpy(object)[order]
         counts = partials["count"].to_numpy(np.int64)[order]
         starts = partials["window_start_ms"].to_numpy(np.int64)[order]
-        sums = partials["sum_delay_min"].to_numpy(np.int64)[order]
-        maxes = partials["max_delay_min"].to_numpy(np.int64)[order]
+        aggregates = np.vstack([partials[name].to_numpy(np.int64)[order] for name in spec.aggregate_names]).reshape(self._n, -1)
         events = _flat(partials, order, "event_ids")
         event_starts = np.repeat(starts, counts)
-        boundary = np.flatnonzero(origins[1:] != origins[:-1]) + 1
+        boundary = np.flatnonzero(keys[1:] != keys[:-1]) + 1
         group_starts = np.concatenate(([0], boundary))
         group_ends = np.concatenate((boundary, [len(order)]))
         event_bounds = np.concatenate(([0], np.cumsum(counts)))
 
-        # the same id twice in this batch for one origin: keep the lowest (partition, offset)
+        # the same id twice in this batch for one key: keep the lowest (partition, offset)
         code = np.repeat(np.searchsorted(group_starts, np.arange(len(order)), side="right") - 1, counts)
         partitions = np.repeat(partials["kafka_partition"].to_numpy(np.int64)[order], counts)
         offsets = _flat(partials, order, "kafka_offsets")
@@ -550,72 +587,77 @@ class FlightDelayProcessor(StatefulProcessor):
         repeated[by_copy[1:][same]] = True
 
         touched, duplicate_indices = [], []
-        delays_of_events = None  # flattened only when some origin has a duplicate
+        values_of_events = None  # the aggregated fields per event, flattened only when some key has a duplicate
         for lo, hi in zip(group_starts, group_ends):
-            origin = origins[lo]
+            key = keys[lo]
             e_lo, e_hi = event_bounds[lo], event_bounds[hi]
             ids = events[e_lo:e_hi]
-            existing = self._pending.getValue((origin,))
-            old = unpack_pending(existing[0]) if existing is not None else None
+            existing = self._pending.getValue((key,))
+            old = unpack_pending(existing[0], self._n) if existing is not None else None
             old_ids = np.frombuffer(existing[1], dtype=np.int64) if existing is not None else np.empty(0, np.int64)
             duplicate = repeated[e_lo:e_hi] | np.isin(ids, old_ids)
             if duplicate.any():
                 keep = ~duplicate
                 duplicate_indices.append(e_lo + np.flatnonzero(duplicate))
-                if delays_of_events is None:
-                    delays_of_events = _flat(partials, order, "delays_min")
-                delays = delays_of_events[e_lo:e_hi][keep]
-                new = merge_partials(event_starts[e_lo:e_hi][keep], np.ones(int(keep.sum()), np.int64), delays, delays)
+                if values_of_events is None:
+                    values_of_events = {f: _flat(partials, order, list_column(f)) for f in {a.field for a in spec.aggregates}}
+                per_event = np.vstack([values_of_events[a.field][e_lo:e_hi][keep] for a in spec.aggregates]).reshape(self._n, -1)
+                new = merge_partials(spec, event_starts[e_lo:e_hi][keep], np.ones(int(keep.sum()), np.int64), per_event)
                 ids, id_starts = ids[keep], event_starts[e_lo:e_hi][keep]
             else:
-                new = (starts[lo:hi], counts[lo:hi], sums[lo:hi], maxes[lo:hi])
+                new = (starts[lo:hi], counts[lo:hi], aggregates[:, lo:hi])
                 id_starts = event_starts[e_lo:e_hi]
             if not len(ids):
-                continue  # every event of this origin was a duplicate: its state stays as it was
+                continue  # every event of this key was a duplicate: its state stays as it was
             if old is not None:
-                new = tuple(np.concatenate([o, n]) for o, n in zip(old, new))
+                new = (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]), np.concatenate([old[2], new[2]], axis=1))
                 ids = np.concatenate([old_ids, ids])
                 id_starts = np.concatenate([np.repeat(old[0], old[1]), id_starts])
             by_window = np.argsort(id_starts, kind="stable")  # ids window by window, as merge_partials sorts windows
-            merged, ids = merge_partials(*new), ids[by_window]
+            merged, ids = merge_partials(spec, *new), ids[by_window]
             if close_at is not None:
-                closed = merged[0] + self._window_ms <= close_at[origin]
+                closed = merged[0] + self._window_ms <= close_at[key]
                 if closed.any():
-                    self._closing.append((origin, *(a[closed] for a in merged), close_at[origin]))
+                    self._closing.append((key, merged[0][closed], merged[1][closed], merged[2][:, closed], close_at[key]))
                     keep = ~closed
                     ids = ids[np.repeat(keep, merged[1])]
-                    merged = tuple(a[keep] for a in merged)
+                    merged = (merged[0][keep], merged[1][keep], merged[2][:, keep])
                     if not len(merged[0]):
                         if old is not None:
-                            self._pending.removeKey((origin,))
+                            self._pending.removeKey((key,))
                         continue
             touched.append(merged[0])
-            self._pending.updateValue((origin,), (pack_pending(*merged), ids.tobytes()))
+            self._pending.updateValue((key,), (pack_pending(*merged), ids.tobytes()))
         touched_starts = np.concatenate(touched) if touched else np.empty(0, np.int64)
         return touched_starts, (np.concatenate(duplicate_indices) if duplicate_indices else None)
 
-    @staticmethod
-    def _flat_order(partials: pd.DataFrame) -> np.ndarray:
-        """The order `_fold` visits partials in: by origin, stable (so each origin's events are
+    def _flat_order(self, partials: pd.DataFrame) -> np.ndarray:
+        """The order `_fold` visits partials in: by key, stable (so each key's events are
         contiguous once flattened)."""
-        return np.argsort(partials["origin"].to_numpy(object), kind="stable")
+        return np.argsort(partials[self._key].to_numpy(object), kind="stable")
+
+    def _payload(self, partials: pd.DataFrame, order: np.ndarray, indices: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The payload fields per event of `partials` (flattened in `order`, optionally at `indices`)."""
+        out = {}
+        for f in self._spec.payload:
+            values = _flat(partials, order, list_column(f.col), np.int64 if f.dtype == "long" else object)
+            out[f.col] = values if indices is None else values[indices]
+        return out
 
     def _duplicates(self, partials: pd.DataFrame, indices: np.ndarray, slot: int) -> pd.DataFrame:
         """Dead-letter rows for the events at `indices` of the flattened `partials` (see `_fold`)."""
         order = self._flat_order(partials)
         counts = partials["count"].to_numpy(np.int64)[order]
         n = len(indices)
-        return _frame(
+        return self._frame(
             KIND_DEAD_LETTER,
             n,
             {
                 "slot": [slot] * n,
                 "dead_letter_reason": [DUPLICATE_EVENT_ID] * n,
-                "origin": np.repeat(partials["origin"].to_numpy(object)[order], counts)[indices],
+                self._key: np.repeat(partials[self._key].to_numpy(object)[order], counts)[indices],
                 "event_id": _flat(partials, order, "event_ids")[indices],
-                "destination": _flat(partials, order, "destinations", object)[indices],
-                "delay_min": _flat(partials, order, "delays_min")[indices],
-                "distance_mi": _flat(partials, order, "distances_mi")[indices],
+                **self._payload(partials, order, indices),
                 "event_time_ms": _flat(partials, order, "event_times_ms")[indices],
                 "kafka_partition": np.repeat(partials["kafka_partition"].to_numpy(np.int64)[order], counts)[indices],
                 "kafka_offset": _flat(partials, order, "kafka_offsets")[indices],
@@ -623,7 +665,7 @@ class FlightDelayProcessor(StatefulProcessor):
         )
 
     def _dead_letters(self, dead: pd.DataFrame, slot: int) -> pd.DataFrame:
-        return _frame(
+        return self._frame(
             KIND_DEAD_LETTER,
             len(dead),
             {
@@ -644,22 +686,21 @@ class FlightDelayProcessor(StatefulProcessor):
         watermark_ms = np.repeat(np.broadcast_to(np.asarray(watermark_ms, np.int64), len(late)), repeats)
         starts = np.repeat(late["window_start_ms"].to_numpy(np.int64), repeats)
         n = len(starts)
-        return _frame(
+        identity = np.arange(len(late))
+        return self._frame(
             KIND_LATE,
             n,
             {
                 "slot": [slot] * n,
-                "origin": np.repeat(late["origin"].to_numpy(object), repeats),
-                "destination": np.concatenate([np.asarray(v, dtype=object) for v in late["destinations"]]),
-                "event_id": np.concatenate([np.asarray(v, np.int64) for v in late["event_ids"]]),
-                "delay_min": np.concatenate([np.asarray(v, np.int64) for v in late["delays_min"]]),
-                "distance_mi": np.concatenate([np.asarray(v, np.int64) for v in late["distances_mi"]]),
-                "event_time_ms": np.concatenate([np.asarray(v, np.int64) for v in late["event_times_ms"]]),
+                self._key: np.repeat(late[self._key].to_numpy(object), repeats),
+                "event_id": _flat(late, identity, "event_ids"),
+                **self._payload(late, identity),
+                "event_time_ms": _flat(late, identity, "event_times_ms"),
                 "window_start_ms": starts,
                 "window_end_ms": starts + self._window_ms,
                 "watermark_ms": watermark_ms,
                 "kafka_partition": np.repeat(late["kafka_partition"].to_numpy(np.int64), repeats),
-                "kafka_offset": np.concatenate([np.asarray(v, np.int64) for v in late["kafka_offsets"]]),
+                "kafka_offset": _flat(late, identity, "kafka_offsets"),
             },
         )
 
@@ -676,54 +717,10 @@ class FlightDelayProcessor(StatefulProcessor):
         if self._policy.per_key:
             yield from self._close_by_fallback(slot, watermark_ms)
             return
-        partition_id = _partition_id()
-        origins, starts_out, counts_out, sums_out, maxes_out = [], [], [], [], []
-        for (origin,), (blob, id_blob) in list(self._pending.iterator()):
-            starts, counts, sums, maxes = unpack_pending(blob)
-            closed = starts + self._window_ms <= watermark_ms
-            if not closed.any():
-                continue
-            origins.extend([origin] * int(closed.sum()))
-            starts_out.append(starts[closed])
-            counts_out.append(counts[closed])
-            sums_out.append(sums[closed])
-            maxes_out.append(maxes[closed])
-            if closed.all():
-                self._pending.removeKey((origin,))
-            else:
-                keep = ~closed
-                ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
-                self._pending.updateValue((origin,), (pack_pending(starts[keep], counts[keep], sums[keep], maxes[keep]), ids.tobytes()))
-        if not origins:
-            return
-        yield self._windows(slot, partition_id, origins, starts_out, counts_out, sums_out, maxes_out, [watermark_ms] * len(origins), watermark_ms)
-
-    def _windows(self, slot, partition_id, origins, starts_out, counts_out, sums_out, maxes_out, watermarks, global_watermark_ms) -> pd.DataFrame:
-        """`window` rows for closed windows given per origin as lists of arrays (one origin
-        element per window in `origins` and `watermarks`)."""
-        starts = np.concatenate(starts_out)
-        counts = np.concatenate(counts_out)
-        sums = np.concatenate(sums_out)
-        means = sums / counts
-        n = len(origins)
-        return _frame(
-            KIND_WINDOW,
-            n,
-            {
-                "slot": [slot] * n,
-                "partition_id": [partition_id] * n,
-                "origin": origins,
-                "window_start_ms": starts,
-                "window_end_ms": starts + self._window_ms,
-                "count": counts,
-                "sum_delay_min": sums,
-                "max_delay_min": np.concatenate(maxes_out),
-                "mean_delay_min": means,
-                "alert": window_alerts(means, counts),
-                "watermark_ms": watermarks,
-                "global_watermark_ms": [global_watermark_ms] * n,
-            },
-        )
+        self._closing = []
+        self._close_pending(lambda k: watermark_ms)
+        if self._closing:
+            yield self._closed_windows(slot, _partition_id(), watermark_ms)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -1,8 +1,10 @@
-"""Flight records: the JSON value a producer writes, its Spark schema, parsing and validation.
+"""Job records: the JSON value a producer writes, its Spark schema, parsing and validation.
 
-A record is one flight as JSON, Kafka key = origin (UTF-8):
-`{"event_id": 17, "origin": "ORD", "destination": "LGA", "delay_min": -3, "distance_mi": 733,
-"event_time": 978307260000}` with `event_time` in epoch milliseconds UTC.
+A record is one event as a JSON object whose fields a job's spec lists
+(`keyshift.processing.spec.JobSpec.fields`), Kafka key = the key field (UTF-8). For the flights
+(`keyshift.jobs.flight_delays`): `{"event_id": 17, "origin": "ORD", "destination": "LGA",
+"delay_min": -3, "distance_mi": 733, "event_time": 978307260000}` with `event_time` in epoch
+milliseconds UTC. Names below are the flights'; each job has its own.
 
 Validation rejects malformed records, never unusual values: negative delays are early departures
 and extreme delays are real. Each rejected record gets one reason, the first rule it breaks, in
@@ -17,12 +19,13 @@ this order (`REASONS` lists them):
    first value and ignore the rest, so only this textual check sees it; `{...} x}` or two
    objects in one value pass it and are read as the first object);
 4. `not a JSON object`: valid JSON of another kind (an array, a number, a string, null, a bool);
-5. per field F of `FLIGHT_FIELDS`, in order: `missing F`, `null F`, `wrong type for F` (a string
+5. per field F of the spec, in order: `missing F`, `null F`, `wrong type for F` (a string
    where an integer belongs, an object or a number where a string belongs, 1.5, an integer
    outside the 64-bit range);
-6. `empty origin|destination`, `origin|destination over 1024 bytes` (`MAX_CODE_BYTES`),
-   `negative event_id|distance_mi|event_time`;
-7. `key does not match origin`: the Kafka key's bytes differ from the origin's UTF-8 bytes
+6. `empty F` and `F over 1024 bytes` (`MAX_CODE_BYTES`) for the string fields marked
+   `non_empty` (flights: origin, destination), `negative F` for the long fields marked
+   `non_negative` (flights: event_id, distance_mi, event_time);
+7. `key does not match <key>`: the Kafka key's bytes differ from the key field's UTF-8 bytes
    (placement relies on the key).
 
 Event-time plausibility (`keyshift.eventtime.plausibility`) and duplicated event ids
@@ -41,63 +44,57 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-CORRUPT_COLUMN = "_corrupt_record"
+from keyshift.processing.spec import JobSpec
 
-FLIGHT_FIELDS: tuple[tuple[str, T.DataType], ...] = (
-    ("event_id", T.LongType()),
-    ("origin", T.StringType()),
-    ("destination", T.StringType()),
-    ("delay_min", T.LongType()),
-    ("distance_mi", T.LongType()),
-    ("event_time", T.LongType()),
-)
-"""Required fields of a flight record and their Spark types (all integers are JSON integers)."""
+CORRUPT_COLUMN = "_corrupt_record"
 
 JSON_WHITESPACE = " \t\r\n"
 """The characters JSON allows around a value (RFC 8259 §2)."""
 
 _VARIANT_TYPE = {"bigint": "BIGINT", "string": "STRING"}
 
-EXPECTED_VARIANT_SCHEMA = "OBJECT<" + ", ".join(
-    f"{name}: {_VARIANT_TYPE[dtype.simpleString()]}" for name, dtype in sorted(FLIGHT_FIELDS)
-) + ">"
-"""What Spark's `schema_of_variant` says of a well-formed flight with no extra field (fields
-sorted by name). Only a shortcut: a record whose schema string differs is checked field by field,
-so the result never depends on this string, only the speed does."""
-
 MAX_CODE_BYTES = 1024
-"""An airport code (origin = the key, destination) longer than this many UTF-8 bytes is rejected:
-keys live in state and in every output row, and real codes have 3 letters."""
-
-FLIGHT_VALUE_SCHEMA = T.StructType(
-    [T.StructField(name, dtype, True) for name, dtype in FLIGHT_FIELDS]
-    + [T.StructField(CORRUPT_COLUMN, T.StringType(), True)]
-)
-"""Schema `from_json` parses a value with; the corrupt-record column catches type errors."""
+"""A `non_empty` string field (a key, an airport code) longer than this many UTF-8 bytes is
+rejected: keys live in state and in every output row, and real codes have 3 letters."""
 
 EMPTY_VALUE = "empty value"
 INVALID_UTF8 = "invalid UTF-8"
 MALFORMED_JSON = "malformed JSON"
 NOT_AN_OBJECT = "not a JSON object"
-KEY_MISMATCH = "key does not match origin"
 
-REASONS: tuple[str, ...] = (
-    EMPTY_VALUE,
-    INVALID_UTF8,
-    MALFORMED_JSON,
-    NOT_AN_OBJECT,
-    *(f"{what} {name}" for name, _ in FLIGHT_FIELDS for what in ("missing", "null")),
-    *(f"wrong type for {name}" for name, _ in FLIGHT_FIELDS),
-    "empty origin",
-    "empty destination",
-    f"origin over {MAX_CODE_BYTES} bytes",
-    f"destination over {MAX_CODE_BYTES} bytes",
-    "negative event_id",
-    "negative distance_mi",
-    "negative event_time",
-    KEY_MISMATCH,
-)
-"""Every reason validation can give (the README lists them too)."""
+
+def expected_variant_schema(spec: JobSpec) -> str:
+    """What Spark's `schema_of_variant` says of a well-formed record with no extra field (fields
+    sorted by name). Only a shortcut: a record whose schema string differs is checked field by
+    field, so the result never depends on this string, only the speed does."""
+    return "OBJECT<" + ", ".join(f"{f.name}: {_VARIANT_TYPE[f.spark_type.simpleString()]}" for f in sorted(spec.fields, key=lambda f: f.name)) + ">"
+
+
+def value_schema(spec: JobSpec) -> T.StructType:
+    """Schema `from_json` parses a value with; the corrupt-record column catches type errors."""
+    return T.StructType([T.StructField(f.name, f.spark_type, True) for f in spec.fields] + [T.StructField(CORRUPT_COLUMN, T.StringType(), True)])
+
+
+def key_mismatch(spec: JobSpec) -> str:
+    """The reason of a record whose Kafka key differs from its key field."""
+    return f"key does not match {spec.key}"
+
+
+def reasons(spec: JobSpec) -> tuple[str, ...]:
+    """Every reason validation can give for `spec`'s records, in rule order (module docstring)."""
+    return (
+        EMPTY_VALUE,
+        INVALID_UTF8,
+        MALFORMED_JSON,
+        NOT_AN_OBJECT,
+        *(f"{what} {f.name}" for f in spec.fields for what in ("missing", "null")),
+        *(f"wrong type for {f.name}" for f in spec.fields),
+        *(f"empty {f.name}" for f in spec.fields if f.non_empty),
+        *(f"{f.name} over {MAX_CODE_BYTES} bytes" for f in spec.fields if f.non_empty),
+        *(f"negative {f.name}" for f in spec.fields if f.non_negative),
+        key_mismatch(spec),
+    )
+
 
 END_OF_INPUT_PREFIX = '{"control": "end_of_input"'
 """Values starting with this are end-of-input markers, not events: `{"control": "end_of_input",
@@ -111,40 +108,23 @@ def end_of_input_marker(run_id: str, event_time_ms: int) -> bytes:
     return (END_OF_INPUT_PREFIX + f', "run_id": {json.dumps(run_id)}, "event_time": {int(event_time_ms)}}}').encode()
 
 
-VALIDATED_COLUMNS = (
-    "origin",
-    "destination",
-    "delay_min",
-    "distance_mi",
-    "event_time_ms",
-    "event_id",
-    "dead_letter_reason",
-    "kafka_partition",
-    "kafka_offset",
-    "is_control",
-    "control_run_id",
-    "raw_value_bytes",
-    "raw_key_bytes",
-)
-"""Columns of `validate_flight_records`' result, in order."""
+def record_columns(spec: JobSpec) -> tuple[str, ...]:
+    """The record's columns as the engine carries them: key, payload fields, event time, event id."""
+    return (spec.key, *(f.col for f in spec.payload), spec.event_time, spec.event_id)
 
-PARSED_COLUMNS = (
-    "origin",
-    "destination",
-    "delay_min",
-    "distance_mi",
-    "event_time_ms",
-    "event_id",
-    "dead_letter_reason",
-    "raw_value",
-    "raw_encoding",
-    "raw_key_base64",
-    "kafka_partition",
-    "kafka_offset",
-    "is_control",
-    "control_run_id",
-)
-"""Columns of `parse_flight_records`' (and `with_dead_letter_payload`'s) result, in order."""
+
+_CONTROL_COLUMNS = ("dead_letter_reason", "kafka_partition", "kafka_offset", "is_control", "control_run_id")
+
+
+def validated_columns(spec: JobSpec) -> tuple[str, ...]:
+    """Columns of `validate_records`' result, in order."""
+    return (*record_columns(spec), *_CONTROL_COLUMNS, "raw_value_bytes", "raw_key_bytes")
+
+
+def parsed_columns(spec: JobSpec) -> tuple[str, ...]:
+    """Columns of `parse_records`' (and `with_dead_letter_payload`'s) result, in order."""
+    return (*record_columns(spec), "dead_letter_reason", "raw_value", "raw_encoding", "raw_key_base64",
+            "kafka_partition", "kafka_offset", "is_control", "control_run_id")
 
 
 def _field_reason(variant: Column, name: str, dtype: T.DataType) -> Column:
@@ -157,29 +137,32 @@ def _field_reason(variant: Column, name: str, dtype: T.DataType) -> Column:
     )
 
 
-def _value_reason(key: Column, parsed: Column) -> Column:
+def _value_reason(spec: JobSpec, key: Column, parsed: Column) -> Column:
     """The value rules (6, 7 of the module docstring) of a record whose fields are well typed."""
     reason = F.when(F.lit(False), F.lit(None).cast("string"))
-    for name in ("origin", "destination"):
-        reason = reason.when(F.trim(parsed[name]) == "", F.lit(f"empty {name}")).when(
-            F.octet_length(parsed[name]) > MAX_CODE_BYTES, F.lit(f"{name} over {MAX_CODE_BYTES} bytes")
-        )
-    for name in ("event_id", "distance_mi", "event_time"):
-        reason = reason.when(parsed[name] < 0, F.lit(f"negative {name}"))
-    matches = key.isNotNull() & (key == F.encode(parsed["origin"], "UTF-8"))
-    reason = reason.when(~matches, F.lit(KEY_MISMATCH))
+    for f in spec.fields:
+        if f.non_empty:
+            reason = reason.when(F.trim(parsed[f.name]) == "", F.lit(f"empty {f.name}")).when(
+                F.octet_length(parsed[f.name]) > MAX_CODE_BYTES, F.lit(f"{f.name} over {MAX_CODE_BYTES} bytes")
+            )
+    for f in spec.fields:
+        if f.non_negative:
+            reason = reason.when(parsed[f.name] < 0, F.lit(f"negative {f.name}"))
+    key_name = next(f.name for f in spec.fields if f.col == spec.key)
+    matches = key.isNotNull() & (key == F.encode(parsed[key_name], "UTF-8"))
+    reason = reason.when(~matches, F.lit(key_mismatch(spec)))
     # from_json agrees with the strict parse on every record that got this far; kept as a guard
     return reason.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit(MALFORMED_JSON))
 
 
-def _reason(value: Column, key: Column, text: Column, variant: Column, parsed: Column) -> Column:
+def _reason(spec: JobSpec, value: Column, key: Column, text: Column, variant: Column, parsed: Column) -> Column:
     """The first validation rule a record breaks, or NULL when it is valid (see module docstring).
 
     Spark evaluates a CASE branch only when it is reached, so the per-field checks run only for
-    records whose variant schema is not `EXPECTED_VARIANT_SCHEMA`.
+    records whose variant schema is not `expected_variant_schema(spec)`.
     """
     schema = F.schema_of_variant(variant)
-    per_field = F.coalesce(*[_field_reason(variant, name, dtype) for name, dtype in FLIGHT_FIELDS], _value_reason(key, parsed))
+    per_field = F.coalesce(*[_field_reason(variant, f.name, f.spark_type) for f in spec.fields], _value_reason(spec, key, parsed))
     return (
         F.when(value.isNull() | (F.octet_length(value) == 0), F.lit(EMPTY_VALUE))
         .when(~F.is_valid_utf8(value.cast("string")), F.lit(INVALID_UTF8))
@@ -187,26 +170,28 @@ def _reason(value: Column, key: Column, text: Column, variant: Column, parsed: C
         .when(variant.isNull(), F.lit(MALFORMED_JSON))
         .when(~schema.startswith("OBJECT<"), F.lit(NOT_AN_OBJECT))
         .when(~F.rtrim(text, F.lit(JSON_WHITESPACE)).endswith("}"), F.lit(MALFORMED_JSON))
-        .when(schema == F.lit(EXPECTED_VARIANT_SCHEMA), _value_reason(key, parsed))
+        .when(schema == F.lit(expected_variant_schema(spec)), _value_reason(spec, key, parsed))
         .otherwise(per_field)
     )
 
 
-def validate_flight_records(kafka_rows: DataFrame) -> DataFrame:
+def validate_records(kafka_rows: DataFrame, spec: JobSpec) -> DataFrame:
     """Parse and validate raw Kafka rows; keep the raw bytes for a later dead-letter payload.
 
     Args:
         kafka_rows: a DataFrame with the Kafka source's columns `key`, `value` (binary),
             `partition` (int) and `offset` (long); batch or streaming.
+        spec: the job whose records these are.
 
     Returns:
-        A DataFrame with `VALIDATED_COLUMNS`: flight fields (`event_time_ms` long, epoch ms UTC;
-        all NULL for a rejected record, so no string of a bad record goes further),
-        `dead_letter_reason` (NULL when valid), `kafka_partition` (int), `kafka_offset` (long),
-        `is_control` (true for an end-of-input marker, whose `event_time_ms` is set and whose
-        reason is meaningless) with `control_run_id` (the marker's run, NULL for events), and
-        the raw `raw_value_bytes`, `raw_key_bytes` (binary). Every input row yields one row.
-        Call `with_dead_letter_payload` on it (after any further rule that adds a reason).
+        A DataFrame with `validated_columns(spec)`: the record's fields (event time as
+        `event_time_ms` long, epoch ms UTC; all NULL for a rejected record, so no string of a bad
+        record goes further), `dead_letter_reason` (NULL when valid), `kafka_partition` (int),
+        `kafka_offset` (long), `is_control` (true for an end-of-input marker, whose
+        `event_time_ms` is set and whose reason is meaningless) with `control_run_id` (the
+        marker's run, NULL for events), and the raw `raw_value_bytes`, `raw_key_bytes` (binary).
+        Every input row yields one row. Call `with_dead_letter_payload` on it (after any
+        further rule that adds a reason).
     """
     value = F.col("value")
     utf8 = F.is_valid_utf8(value.cast("string"))
@@ -219,24 +204,17 @@ def validate_flight_records(kafka_rows: DataFrame) -> DataFrame:
         F.col("offset").cast("long").alias("kafka_offset"),
     ).select(
         "*",
-        F.from_json(F.col("_text"), FLIGHT_VALUE_SCHEMA, {"columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias("_parsed"),
+        F.from_json(F.col("_text"), value_schema(spec), {"columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias("_parsed"),
         F.try_parse_json(F.col("_text")).alias("_variant"),
     )
-    reason = _reason(F.col("_value"), F.col("_key"), F.col("_text"), F.col("_variant"), F.col("_parsed"))
+    reason = _reason(spec, F.col("_value"), F.col("_key"), F.col("_text"), F.col("_variant"), F.col("_parsed"))
     is_control = F.coalesce(F.col("_text").startswith(END_OF_INPUT_PREFIX), F.lit(False))
     staged = staged.select("*", reason.alias("dead_letter_reason"), is_control.alias("is_control"))
     valid = F.col("dead_letter_reason").isNull() | F.col("is_control")
-
-    def field(name: str) -> Column:
-        return F.when(valid, F.col(f"_parsed.{name}"))
+    name_of = {f.col: f.name for f in spec.fields}
 
     return staged.select(
-        field("origin").alias("origin"),
-        field("destination").alias("destination"),
-        field("delay_min").alias("delay_min"),
-        field("distance_mi").alias("distance_mi"),
-        field("event_time").alias("event_time_ms"),
-        field("event_id").alias("event_id"),
+        *[F.when(valid, F.col(f"_parsed.{name_of[column]}")).alias(column) for column in record_columns(spec)],
         F.when(~F.col("is_control"), F.col("dead_letter_reason")).alias("dead_letter_reason"),
         "kafka_partition",
         "kafka_offset",
@@ -252,25 +230,25 @@ def _base64(binary: Column) -> Column:
     return F.translate(F.base64(binary), "\r\n", "")
 
 
-def with_dead_letter_payload(validated: DataFrame) -> DataFrame:
+def with_dead_letter_payload(validated: DataFrame, spec: JobSpec) -> DataFrame:
     """Replace the raw bytes by a dead letter's payload: text when UTF-8, base64 otherwise.
 
     Args:
-        validated: `validate_flight_records` output, possibly with more reasons set since.
+        validated: `validate_records` output, possibly with more reasons set since.
+        spec: the job whose records these are.
 
     Returns:
-        `PARSED_COLUMNS`: the flight fields (NULL for any rejected record), `raw_value` (the value
-        as text when it is valid UTF-8, else its base64; NULL for a valid record or a tombstone),
-        `raw_encoding` (`utf-8`, `base64`, or NULL with `raw_value`), `raw_key_base64` (base64 of
-        the Kafka key of a rejected record, NULL otherwise or without a key), and the rest of
-        `VALIDATED_COLUMNS` without the raw bytes.
+        `parsed_columns(spec)`: the record's fields (NULL for any rejected record), `raw_value`
+        (the value as text when it is valid UTF-8, else its base64; NULL for a valid record or a
+        tombstone), `raw_encoding` (`utf-8`, `base64`, or NULL with `raw_value`),
+        `raw_key_base64` (base64 of the Kafka key of a rejected record, NULL otherwise or
+        without a key), and the rest of `validated_columns(spec)` without the raw bytes.
     """
     rejected = F.col("dead_letter_reason").isNotNull()
     raw = F.col("raw_value_bytes")
     utf8 = F.is_valid_utf8(raw.cast("string"))
-    keep = {name: F.when(~rejected, F.col(name)) for name in ("origin", "destination", "delay_min", "distance_mi", "event_time_ms", "event_id")}
     return validated.select(
-        *[keep[name].alias(name) for name in keep],
+        *[F.when(~rejected, F.col(name)).alias(name) for name in record_columns(spec)],
         "dead_letter_reason",
         F.when(rejected & utf8, raw.cast("string")).when(rejected, _base64(raw)).alias("raw_value"),
         F.when(rejected & utf8, F.lit("utf-8")).when(rejected & raw.isNotNull(), F.lit("base64")).alias("raw_encoding"),
@@ -282,10 +260,10 @@ def with_dead_letter_payload(validated: DataFrame) -> DataFrame:
     )
 
 
-def parse_flight_records(kafka_rows: DataFrame) -> DataFrame:
+def parse_records(kafka_rows: DataFrame, spec: JobSpec) -> DataFrame:
     """Validate raw Kafka rows and give each rejected one its dead-letter payload.
 
-    `with_dead_letter_payload(validate_flight_records(kafka_rows))`: see both. Every input row
-    yields exactly one row of `PARSED_COLUMNS`.
+    `with_dead_letter_payload(validate_records(kafka_rows, spec), spec)`: see both. Every input
+    row yields exactly one row of `parsed_columns(spec)`.
     """
-    return with_dead_letter_payload(validate_flight_records(kafka_rows))
+    return with_dead_letter_payload(validate_records(kafka_rows, spec), spec)

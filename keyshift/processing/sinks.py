@@ -1,4 +1,7 @@
-"""Where the flight delay processor's output goes, batch by batch (`foreachBatch`).
+"""Where the keyed window processor's output goes, batch by batch (`foreachBatch`).
+
+Topics, the windows table's columns and the alert rule come from the job's spec
+(`keyshift.processing.spec.JobSpec`); the flights' names below are one example.
 
 Per micro-batch the sink collects the processor's output (windows, late events, dead letters and
 per-slot loads: small next to the input) to the driver once, then
@@ -31,80 +34,61 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.processing.failpoints import failpoint
 from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
-from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW, window_alerts
+from keyshift.processing.pieces import PieceAssembler, merge_window_rows
+from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
+from keyshift.processing.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-WINDOW_COLUMNS = (
-    "origin",
-    "window_start",
-    "window_end",
-    "count",
-    "sum_delay_min",
-    "mean_delay_min",
-    "max_delay_min",
-    "alert",
-    "slot",
-    "epoch",
-)
-"""Columns of the windows table, in order."""
-
-WINDOW_TABLE_SCHEMA = pa.schema(
-    [
-        ("origin", pa.string()),
-        ("window_start", pa.timestamp("us", tz="UTC")),
-        ("window_end", pa.timestamp("us", tz="UTC")),
-        ("count", pa.int64()),
-        ("sum_delay_min", pa.int64()),
-        ("mean_delay_min", pa.float64()),
-        ("max_delay_min", pa.int64()),
-        ("alert", pa.bool_()),
-        ("slot", pa.int32()),
-        ("epoch", pa.int64()),
-    ]
-)
+_ARROW_TYPES = {"long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string()}
 
 
-def merge_split_windows(windows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Merge the pieces of split keys' windows: one row per (origin, window_start_ms).
+def window_columns(spec: JobSpec) -> tuple[str, ...]:
+    """Columns of the windows table, in order: key, window_start, window_end, the spec's
+    `table_columns`, slot, epoch."""
+    return (spec.key, "window_start", "window_end", *spec.table_columns, "slot", "epoch")
+
+
+def window_table_schema(spec: JobSpec) -> pa.Schema:
+    """Arrow schema of the windows table (UTC microsecond timestamps for the window bounds)."""
+    types = {"count": pa.int64(), **{a: pa.int64() for a in spec.aggregate_names}, **{k: _ARROW_TYPES[v] for k, v in spec.outputs.items()}}
+    return pa.schema(
+        [(spec.key, pa.string()), ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC"))]
+        + [(c, types[c]) for c in spec.table_columns]
+        + [("slot", pa.int32()), ("epoch", pa.int64())]
+    )
+
+
+def merge_split_windows(windows: pd.DataFrame, spec: JobSpec) -> tuple[pd.DataFrame, int]:
+    """Merge the pieces of split keys' windows: one row per (key, window_start_ms).
 
     Args:
-        windows: `window` rows of one micro-batch (`keyshift.processing.processor.OUTPUT_SCHEMA`
+        windows: `window` rows of one micro-batch (`keyshift.processing.processor.output_schema`
             columns); a window of a key split over k slots appears up to k times, one per slot.
+        spec: the job.
 
     Returns:
-        (windows with one row per window, pieces merged away: input rows - output rows). A merged
-        window has count and sum_delay_min summed, max_delay_min the max, mean_delay_min and
-        alert recomputed (`window_alerts`), and `slot` the lowest slot that held a piece; the
-        other columns come from that piece. Rows of unsplit windows are returned unchanged.
+        (windows with one row per window, pieces merged away: input rows - output rows); see
+        `merge_window_rows`. Rows of unsplit windows are returned unchanged.
     """
     if windows.empty:
         return windows, 0
-    duplicated = windows.duplicated(["origin", "window_start_ms"], keep=False).to_numpy()
+    duplicated = windows.duplicated([spec.key, "window_start_ms"], keep=False).to_numpy()
     if not duplicated.any():
         return windows, 0
-    pieces = windows[duplicated].sort_values(["origin", "window_start_ms", "slot"], kind="stable")
-    grouped = pieces.groupby(["origin", "window_start_ms"], sort=False)
-    merged = grouped.first().reset_index()
-    merged["count"] = grouped["count"].sum().to_numpy()
-    merged["sum_delay_min"] = grouped["sum_delay_min"].sum().to_numpy()
-    merged["max_delay_min"] = grouped["max_delay_min"].max().to_numpy()
-    merged["mean_delay_min"] = merged["sum_delay_min"] / merged["count"]
-    merged["alert"] = window_alerts(merged["mean_delay_min"].to_numpy(), merged["count"].to_numpy())
-    result = pd.concat([windows[~duplicated], merged[windows.columns]], ignore_index=True)
-    return result, len(pieces) - len(merged)
+    merged = merge_window_rows(windows[duplicated], spec)
+    result = pd.concat([windows[~duplicated], merged], ignore_index=True)
+    return result, int(duplicated.sum()) - len(merged)
 
 
 class SwitchBarrier(RuntimeError):
     """Raised by the sink for a micro-batch past a switch's cut (it is never run)."""
 
 
-class FlightDelaySink:
-    """The `foreachBatch` function of the flight delay job.
+class KeyedWindowSink:
+    """The `foreachBatch` function of a keyed window job.
 
     Per micro-batch, in this order, each step safe to repeat when Spark replays the batch after
     a crash: the windows file (rewritten whole), the side outputs (one Kafka transaction that
@@ -112,6 +96,7 @@ class FlightDelaySink:
     (`keyshift.processing.ledger`, rewritten). Spark commits the batch after this returns.
 
     Args:
+        spec: the job (key, windows table, alert rule, topics).
         run_dir: `runs/<run_id>/`; windows go to `run_dir/windows/`, counts to `run_dir/batches/`.
         run_id: written into alert, late and dead-letter records.
         epoch: assignment epoch, the windows table's `epoch` column.
@@ -130,8 +115,10 @@ class FlightDelaySink:
             from the ledger at construction).
     """
 
-    def __init__(self, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0,
+    def __init__(self, spec: JobSpec, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0,
                  pieces: PieceAssembler | None = None) -> None:
+        self.spec = spec
+        self._table_schema = window_table_schema(spec)
         self.windows_dir = Path(run_dir) / "windows"
         self.windows_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
@@ -180,7 +167,7 @@ class FlightDelaySink:
             fallback = None if fallback is None or pd.isna(fallback) else int(fallback)
             windows, merged_pieces = self.pieces.assemble(windows, marks, fallback, batch_id)
         else:
-            windows, merged_pieces = merge_split_windows(windows)
+            windows, merged_pieces = merge_split_windows(windows, self.spec)
 
         slot_events = [0] * self.partitions
         for slot, count in zip(loads["slot"], loads["count"]):
@@ -189,17 +176,18 @@ class FlightDelaySink:
         if len(windows):
             self._write_windows(windows, batch_id)
         if self.side_outputs is not None:
-            alerts = windows[windows["alert"].astype(bool)] if len(windows) else windows
+            topics = self.spec.topics
+            alerts = windows[windows[self.spec.alert].astype(bool)] if len(windows) and self.spec.alert else windows.iloc[0:0]
             self.side_outputs.send_batch(batch_id, [
-                *self._records(ALERTS_TOPIC, alerts, self._alert_record),
-                *self._records(LATE_TOPIC, late, self._late_record),
-                *self._records(DEAD_LETTER_TOPIC, dead, self._dead_letter_record),
+                *self._records(topics.alerts, alerts, self._alert_record),
+                *self._records(topics.late, late, self._late_record),
+                *self._records(topics.dead_letter, dead, self._dead_letter_record),
             ])
         counts = BatchCounts(
             batch_id=batch_id,
             windows_emitted=len(windows),
             sum_window_counts=int(windows["count"].sum()) if len(windows) else 0,
-            alerts=int(windows["alert"].astype(bool).sum()) if len(windows) else 0,
+            alerts=int(windows[self.spec.alert].astype(bool).sum()) if len(windows) and self.spec.alert else 0,
             late_events=len(late),
             dead_letters=len(dead),
             merged_window_pieces=merged_pieces,
@@ -224,21 +212,16 @@ class FlightDelaySink:
         )
 
     def _write_windows(self, windows: pd.DataFrame, batch_id: int) -> None:
-        table = pa.table(
-            {
-                "origin": windows["origin"].astype(str).to_numpy(),
-                "window_start": pd.to_datetime(windows["window_start_ms"].astype(np.int64), unit="ms", utc=True),
-                "window_end": pd.to_datetime(windows["window_end_ms"].astype(np.int64), unit="ms", utc=True),
-                "count": windows["count"].astype(np.int64).to_numpy(),
-                "sum_delay_min": windows["sum_delay_min"].astype(np.int64).to_numpy(),
-                "mean_delay_min": windows["mean_delay_min"].astype(np.float64).to_numpy(),
-                "max_delay_min": windows["max_delay_min"].astype(np.int64).to_numpy(),
-                "alert": windows["alert"].astype(bool).to_numpy(),
-                "slot": windows["slot"].astype(np.int32).to_numpy(),
-                "epoch": np.full(len(windows), self.epoch, dtype=np.int64),
-            },
-            schema=WINDOW_TABLE_SCHEMA,
-        )
+        columns = {
+            self.spec.key: windows[self.spec.key].astype(str).to_numpy(),
+            "window_start": pd.to_datetime(windows["window_start_ms"].astype(np.int64), unit="ms", utc=True),
+            "window_end": pd.to_datetime(windows["window_end_ms"].astype(np.int64), unit="ms", utc=True),
+            **{c: windows[c].to_numpy() for c in self.spec.table_columns},
+            "slot": windows["slot"].astype(np.int32).to_numpy(),
+            "epoch": np.full(len(windows), self.epoch, dtype=np.int64),
+        }
+        table = pa.table({name: pa.array(columns[name], type=field.type) if name not in ("window_start", "window_end") else columns[name]
+                          for name, field in zip(self._table_schema.names, self._table_schema)}, schema=self._table_schema)
         final = self.windows_dir / f"part-{batch_id:08d}.parquet"
         partial = final.with_suffix(".tmp")
         pq.write_table(table, partial)
@@ -248,32 +231,38 @@ class FlightDelaySink:
     def _records(topic: str, rows: pd.DataFrame, to_record) -> list[tuple[str, bytes | None, bytes]]:
         return [(topic, *to_record(row)) for row in rows.itertuples(index=False)]
 
+    @staticmethod
+    def _plain(value):
+        """A JSON-ready Python value of a numpy/pandas scalar."""
+        return value.item() if hasattr(value, "item") else value
+
     def _alert_record(self, row) -> tuple[bytes, bytes]:
+        key = getattr(row, self.spec.key)
         value = {
-            "origin": row.origin,
+            self.spec.key: key,
             "window_start_ms": int(row.window_start_ms),
             "window_end_ms": int(row.window_end_ms),
-            "count": int(row.count),
-            "mean_delay_min": float(row.mean_delay_min),
-            "max_delay_min": int(row.max_delay_min),
+            **{c: self._plain(getattr(row, c)) for c in self.spec.alert_record_columns},
             "run_id": self.run_id,
             "epoch": self.epoch,
         }
-        return row.origin.encode(), json.dumps(value).encode()
+        return key.encode(), json.dumps(value).encode()
+
+    def _event_fields(self, row) -> dict:
+        """The event's own fields (key and payload) of a late or duplicated event's row."""
+        return {self.spec.key: getattr(row, self.spec.key),
+                **{f.col: (int(getattr(row, f.col)) if f.dtype == "long" else getattr(row, f.col)) for f in self.spec.payload}}
 
     def _late_record(self, row) -> tuple[bytes, bytes]:
         value = {
             "event_id": int(row.event_id),
-            "origin": row.origin,
-            "destination": row.destination,
-            "delay_min": int(row.delay_min),
-            "distance_mi": int(row.distance_mi),
+            **self._event_fields(row),
             "event_time": int(row.event_time_ms),
             "window_end_ms": int(row.window_end_ms),
             "watermark_ms": int(row.watermark_ms),
             "run_id": self.run_id,
         }
-        return row.origin.encode(), json.dumps(value).encode()
+        return getattr(row, self.spec.key).encode(), json.dumps(value).encode()
 
     def _dead_letter_record(self, row) -> tuple[bytes | None, bytes]:
         """A dead letter's Kafka value: reason, raw bytes, where it was read, and the run.
@@ -292,12 +281,6 @@ class FlightDelaySink:
         value["raw_key_base64"] = row.raw_key_base64
         if row.event_id is not None and not pd.isna(row.event_id):
             value["event_id"] = int(row.event_id)
-            value["event"] = {
-                "origin": row.origin,
-                "destination": row.destination,
-                "delay_min": int(row.delay_min),
-                "distance_mi": int(row.distance_mi),
-                "event_time": int(row.event_time_ms),
-            }
+            value["event"] = {**self._event_fields(row), "event_time": int(row.event_time_ms)}
         value.update(kafka_partition=int(row.kafka_partition), kafka_offset=int(row.kafka_offset), run_id=self.run_id)
         return None, json.dumps(value).encode()

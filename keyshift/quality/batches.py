@@ -18,8 +18,7 @@ import numpy as np
 import pandas as pd
 
 from keyshift.errors import QualityError
-from keyshift.processing.processor import window_alerts
-from keyshift.processing.sinks import WINDOW_COLUMNS, WINDOW_TABLE_SCHEMA
+from keyshift.jobs.flight_delays import WINDOW_COLUMNS, WINDOW_TABLE_SCHEMA, window_alerts
 from keyshift.quality.suites import ALERT_DERIVED_COLUMNS, ALERT_FIELDS, RECONCILIATION_COLUMNS
 from keyshift.settings import Settings
 

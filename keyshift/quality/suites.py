@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from keyshift.processing.processor import ALERT_MIN_COUNT, ALERT_MIN_MEAN_DELAY_MIN
-from keyshift.processing.sinks import WINDOW_COLUMNS
+from keyshift.jobs.flight_delays import ALERT_MIN_COUNT, ALERT_MIN_MEAN_DELAY_MIN, WINDOW_COLUMNS
 
 DATASOURCE = "keyshift"
 """The pandas data source of the context; each suite's batch is one of its dataframe assets."""

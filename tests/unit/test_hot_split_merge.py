@@ -12,9 +12,15 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import INPUT_COLUMNS, partials_of, row_tokens
-from keyshift.processing.processor import FlightDelayProcessor
+from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+from keyshift.processing.local_merge import input_columns, partials_of, row_tokens
+from keyshift.processing.processor import KeyedWindowProcessor
 from keyshift.processing.sinks import merge_split_windows
+
+
+def partials_of_flights(events, *args, **kwargs):
+    """`partials_of` for the flight delay job's spec."""
+    return partials_of(events, FLIGHT_DELAYS, *args, **kwargs)
 
 T0 = 978_307_200_000  # 2001-01-01T00:00:00Z
 P = 8
@@ -43,7 +49,7 @@ def events(n: int, seed: int = 7) -> pd.DataFrame:
             "kafka_partition": 0,
             "kafka_offset": np.arange(n, dtype=np.int64),
         },
-        columns=list(INPUT_COLUMNS),
+        columns=list(input_columns(FLIGHT_DELAYS)),
     )
 
 
@@ -60,7 +66,7 @@ def test_row_tokens_send_a_split_key_event_to_slot_of_its_id_mod_k():
 
 def test_local_merge_makes_one_partial_per_window_and_piece():
     frame = events(600)
-    partials = partials_of(frame, token_of, TOKENS, HOUR_MS, {"ORD": TOKENS[list(SPLIT["ORD"])]})
+    partials = partials_of_flights(frame, token_of, TOKENS, HOUR_MS, {"ORD": TOKENS[list(SPLIT["ORD"])]})
     assert partials["count"].sum() == 600
     slot_of_token = {int(t): s for s, t in enumerate(TOKENS)}
     ord_partials = partials[partials["origin"] == "ORD"]
@@ -75,7 +81,7 @@ def test_local_merge_makes_one_partial_per_window_and_piece():
 
 def run_processor(partials: pd.DataFrame, watermarks: list[int]) -> pd.DataFrame:
     """Feed partials to the processor slot by slot, then close windows; returns `window` rows."""
-    tester = TwsTester(FlightDelayProcessor(tuple(int(t) for t in TOKENS)), timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
+    tester = TwsTester(KeyedWindowProcessor(FLIGHT_DELAYS, tuple(int(t) for t in TOKENS)), timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
     for token, rows in partials.groupby("token"):
         tester.testInPandas(int(token), rows.reset_index(drop=True))
     out = [tester.setWatermark(watermark) for watermark in watermarks]
@@ -94,11 +100,11 @@ def sorted_windows(frame: pd.DataFrame) -> pd.DataFrame:
 def test_merged_windows_of_a_split_key_equal_an_unsplit_run(seed):
     frame = events(2_000, seed)
     watermarks = [T0 + 2 * HOUR_MS, T0 + 6 * HOUR_MS]  # close some windows, then all
-    split = run_processor(partials_of(frame, token_of, TOKENS, HOUR_MS, {"ORD": TOKENS[list(SPLIT["ORD"])]}), watermarks)
-    whole = run_processor(partials_of(frame, token_of, TOKENS, HOUR_MS), watermarks)
+    split = run_processor(partials_of_flights(frame, token_of, TOKENS, HOUR_MS, {"ORD": TOKENS[list(SPLIT["ORD"])]}), watermarks)
+    whole = run_processor(partials_of_flights(frame, token_of, TOKENS, HOUR_MS), watermarks)
 
     assert split["origin"].eq("ORD").sum() > whole["origin"].eq("ORD").sum()  # really emitted in pieces
-    merged, folded = merge_split_windows(split)
+    merged, folded = merge_split_windows(split, FLIGHT_DELAYS)
     assert folded == len(split) - len(merged) > 0
     pd.testing.assert_frame_equal(sorted_windows(merged), sorted_windows(whole))
     assert merged["count"].sum() == 2_000
@@ -120,12 +126,12 @@ def test_merge_recomputes_mean_and_alert_and_leaves_unsplit_rows_alone():
             "slot": [5, 1, 2],
         }
     )
-    merged, folded = merge_split_windows(rows)
+    merged, folded = merge_split_windows(rows, FLIGHT_DELAYS)
     assert folded == 1
     ord_row = merged[merged["origin"] == "ORD"].iloc[0]
     assert (ord_row["count"], ord_row["sum_delay_min"], ord_row["max_delay_min"], ord_row["slot"]) == (5, 150, 60, 1)
     assert ord_row["mean_delay_min"] == 30.0 and bool(ord_row["alert"])  # 5 flights, mean 30 -> alert
     lga = merged[merged["origin"] == "LGA"].iloc[0]
     assert (lga["count"], lga["slot"], bool(lga["alert"])) == (4, 2, False)
-    unchanged, none = merge_split_windows(rows.iloc[2:])
+    unchanged, none = merge_split_windows(rows.iloc[2:], FLIGHT_DELAYS)
     assert none == 0 and unchanged is not None and len(unchanged) == 1

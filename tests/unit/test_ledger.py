@@ -41,10 +41,11 @@ def test_a_replayed_batch_replaces_its_record_and_is_not_counted_twice(tmp_path)
 
 
 def test_a_sink_built_on_a_ledger_starts_from_its_totals(tmp_path):
-    from keyshift.processing.sinks import FlightDelaySink
+    from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+    from keyshift.processing.sinks import KeyedWindowSink
 
     RunLedger(tmp_path).record(_batch(4, [1, 2, 3]))
-    sink = FlightDelaySink(tmp_path, "r", epoch=0, partitions=3)
+    sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=0, partitions=3)
     assert sink.counters.per_slot_events == [1, 2, 3] and sink.last_batch_id == 4
 
 

@@ -11,10 +11,14 @@ from keyshift.migration.state import (
     EXPIRY_COLUMN, GROUPING_COLUMN, STATE_VAR_COLUMN, TIMER_VAR, MapStateVariable, initial_state_schema, rekey_state,
     restore_initial_state,
 )
+from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.processing.processor import (
-    CLOCK_STATE_NAME, PENDING_KEY_SCHEMA, PENDING_STATE_NAME, PENDING_VALUE_SCHEMA, STATE_VARIABLES, merge_pending_values, pack_pending,
-    unpack_pending,
+    CLOCK_STATE_NAME, PENDING_STATE_NAME, PENDING_VALUE_SCHEMA, pack_pending, pending_key_schema, state_variables, unpack_pending,
 )
+
+STATE_VARIABLES = state_variables(FLIGHT_DELAYS)
+PENDING_KEY_SCHEMA = pending_key_schema(FLIGHT_DELAYS)
+merge_pending_values = STATE_VARIABLES[0].merge
 
 OLD_TOKENS = (10, 11, 12, 13)  # slot -> token of the old query (P = 4)
 NEW_TOKENS = (20, 21)  # of the new one (P = 2)
@@ -22,7 +26,7 @@ H = 3_600_000
 
 
 def pending(starts, counts, sums, maxes, ids) -> tuple[bytes, bytes]:
-    return pack_pending(np.array(starts), np.array(counts), np.array(sums), np.array(maxes)), np.array(ids, np.int64).tobytes()
+    return pack_pending(np.array(starts), np.array(counts), np.array([sums, maxes])), np.array(ids, np.int64).tobytes()
 
 
 def state_frame(rows: list[tuple[int, str, tuple[bytes, bytes]]]) -> dict[str, pd.DataFrame]:
@@ -57,7 +61,7 @@ def test_the_pieces_of_a_split_key_merge_into_one_row_with_every_event():
     ])
     migrated = rekey_state(state, no_timers(), STATE_VARIABLES, lambda key: 1, NEW_TOKENS, OLD_TOKENS)
     assert len(migrated.rows) == 1 and migrated.rows_written == {PENDING_STATE_NAME: 1, CLOCK_STATE_NAME: 0}
-    starts, counts, sums, maxes = unpack_pending(migrated.rows["partials"][0])
+    starts, counts, (sums, maxes) = unpack_pending(migrated.rows["partials"][0], 2)
     assert starts.tolist() == [0, H, 2 * H] and counts.tolist() == [3, 1, 1]
     assert sums.tolist() == [11, 9, 3] and maxes.tolist() == [6, 9, 3]
     ids = np.frombuffer(migrated.rows["event_ids"][0], np.int64)
@@ -98,7 +102,7 @@ def test_restore_puts_state_and_timers_back():
     restore_initial_state(migrated.rows, {PENDING_STATE_NAME: fake}, registered.append, STATE_VARIABLES)
     assert registered == [H - 1]
     partials, ids = fake.values[("ORD",)]
-    assert unpack_pending(partials)[1].tolist() == [2] and np.frombuffer(ids, np.int64).tolist() == [1, 2]
+    assert unpack_pending(partials, 2)[1].tolist() == [2] and np.frombuffer(ids, np.int64).tolist() == [1, 2]
 
 
 def test_merge_pending_values_of_one_piece_is_that_piece():

@@ -1,4 +1,4 @@
-"""FlightDelayProcessor in memory (pyspark's TwsTester): windows, lateness, dead letters, loads."""
+"""KeyedWindowProcessor in memory (pyspark's TwsTester): windows, lateness, dead letters, loads."""
 
 import numpy as np
 import pandas as pd
@@ -7,8 +7,14 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import INPUT_COLUMNS, partials_of
-from keyshift.processing.processor import PENDING_STATE_NAME, FlightDelayProcessor, merge_partials, pack_pending, unpack_pending
+from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+from keyshift.processing.local_merge import input_columns, partials_of
+from keyshift.processing.processor import PENDING_STATE_NAME, KeyedWindowProcessor, merge_partials, pack_pending, unpack_pending
+
+
+def partials_of_flights(events, *args, **kwargs):
+    """`partials_of` for the flight delay job's spec."""
+    return partials_of(events, FLIGHT_DELAYS, *args, **kwargs)
 
 T0 = 978_307_200_000  # 2001-01-01T00:00:00Z
 TOKENS = slot_tokens(8)
@@ -34,7 +40,7 @@ def rows(*events, dead=(), ids=None, offsets=None, partition=SLOT):
          "raw_key_base64": "T1JE", "kafka_partition": partition, "kafka_offset": 1000 + i}
         for i, (reason, raw) in enumerate(dead)
     ]
-    partials = partials_of(pd.DataFrame(records, columns=list(INPUT_COLUMNS)), lambda origin: TOKEN, np.array(TOKENS), HOUR_MS)
+    partials = partials_of_flights(pd.DataFrame(records, columns=list(input_columns(FLIGHT_DELAYS))), lambda origin: TOKEN, np.array(TOKENS), HOUR_MS)
     assert set(partials["token"]) <= {TOKEN}
     return partials
 
@@ -42,7 +48,7 @@ def rows(*events, dead=(), ids=None, offsets=None, partition=SLOT):
 @pytest.fixture
 def tester():
     # lateness is the processor's own decision (window end <= watermark), so let every row in
-    return TwsTester(FlightDelayProcessor(TOKENS), timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
+    return TwsTester(KeyedWindowProcessor(FLIGHT_DELAYS, TOKENS), timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
 
 
 def kind(frame, name):
@@ -112,8 +118,8 @@ def test_dead_letters_pass_through_with_reason(tester):
 
 
 def test_merge_partials():
-    starts, counts, sums, maxes = merge_partials(
-        np.array([7, 3, 7]), np.array([1, 2, 3]), np.array([10, 20, 30]), np.array([5, -1, 9])
+    starts, counts, (sums, maxes) = merge_partials(
+        FLIGHT_DELAYS, np.array([7, 3, 7]), np.array([1, 2, 3]), np.array([[10, 20, 30], [5, -1, 9]])
     )
     assert starts.tolist() == [3, 7]
     assert counts.tolist() == [2, 4]
@@ -186,8 +192,9 @@ def test_the_dedup_horizon_ends_when_the_window_closes(tester):
 
 
 def test_pending_windows_pack_round_trip():
-    arrays = (np.array([3, 7]), np.array([2, 4]), np.array([20, -40]), np.array([-1, 9]))
-    assert [a.tolist() for a in unpack_pending(pack_pending(*arrays))] == [a.tolist() for a in arrays]
+    starts, counts, aggregates = np.array([3, 7]), np.array([2, 4]), np.array([[20, -40], [-1, 9]])
+    got = unpack_pending(pack_pending(starts, counts, aggregates), 2)
+    assert [got[0].tolist(), got[1].tolist(), got[2].tolist()] == [starts.tolist(), counts.tolist(), aggregates.tolist()]
 
 
 def test_local_merge_partials_add_up():

@@ -5,13 +5,11 @@ import json
 
 import pytest
 
-from keyshift.processing.records import (
-    EXPECTED_VARIANT_SCHEMA,
-    MAX_CODE_BYTES,
-    REASONS,
-    end_of_input_marker,
-    parse_flight_records,
-)
+from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+from keyshift.processing.records import MAX_CODE_BYTES, end_of_input_marker, expected_variant_schema, parse_records, reasons
+
+EXPECTED_VARIANT_SCHEMA = expected_variant_schema(FLIGHT_DELAYS)
+REASONS = reasons(FLIGHT_DELAYS)
 
 GOOD = {"event_id": 7, "origin": "ORD", "destination": "LGA", "delay_min": -12, "distance_mi": 733, "event_time": 978307260000}
 
@@ -87,7 +85,7 @@ CASES = [
 def parsed(spark):
     rows = [(k, v, 3, i) for i, (k, v, _) in enumerate(CASES)]
     frame = spark.createDataFrame(rows, "key BINARY, value BINARY, partition INT, offset LONG")
-    return {row.kafka_offset: row for row in parse_flight_records(frame).collect()}
+    return {row.kafka_offset: row for row in parse_records(frame, FLIGHT_DELAYS).collect()}
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{i}-{c[2] or 'valid'}" for i, c in enumerate(CASES)])
@@ -130,7 +128,7 @@ def test_the_shortcut_schema_is_what_spark_says_of_a_valid_flight(spark):
 
 def test_end_of_input_marker(spark):
     frame = spark.createDataFrame([(None, end_of_input_marker("run-1", 5_000), 0, 0)], "key BINARY, value BINARY, partition INT, offset LONG")
-    row = parse_flight_records(frame).collect()[0]
+    row = parse_records(frame, FLIGHT_DELAYS).collect()[0]
     assert row.is_control is True
     assert row.control_run_id == "run-1"
     assert row.event_time_ms == 5_000

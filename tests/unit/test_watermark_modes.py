@@ -12,9 +12,15 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from keyshift.eventtime.watermarks import WatermarkPolicy, watermark_key
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import INPUT_COLUMNS, partials_of
+from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+from keyshift.processing.local_merge import input_columns, partials_of
 from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, FlightDelayProcessor
+from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor
+
+
+def partials_of_flights(events, *args, **kwargs):
+    """`partials_of` for the flight delay job's spec."""
+    return partials_of(events, FLIGHT_DELAYS, *args, **kwargs)
 
 T0 = 978_307_200_000  # 2001-01-01T00:00:00Z
 MINUTE = 60_000
@@ -32,11 +38,11 @@ def rows(*events, partition=SLOT):
         records.append({"origin": o, "destination": "X", "delay_min": d, "distance_mi": 1, "event_time_ms": t, "event_id": i,
                         "dead_letter_reason": None, "raw_value": None, "raw_encoding": None, "raw_key_base64": None,
                         "kafka_partition": partition, "kafka_offset": i})
-    return partials_of(pd.DataFrame(records, columns=list(INPUT_COLUMNS)), lambda origin: TOKEN, np.array(TOKENS), HOUR_MS)
+    return partials_of_flights(pd.DataFrame(records, columns=list(input_columns(FLIGHT_DELAYS))), lambda origin: TOKEN, np.array(TOKENS), HOUR_MS)
 
 
 def make_tester(mode, bound_ms=10 * MINUTE, **policy):
-    processor = FlightDelayProcessor(TOKENS, policy=WatermarkPolicy(mode=mode, bound_ms=bound_ms, **policy))
+    processor = KeyedWindowProcessor(FLIGHT_DELAYS, TOKENS, policy=WatermarkPolicy(mode=mode, bound_ms=bound_ms, **policy))
     return TwsTester(processor, timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
 
 
@@ -60,7 +66,7 @@ def test_a_key_far_behind_another_is_late_only_against_its_own_watermark():
     assert marks["SLOW"] == T0 + 20 * MINUTE and marks["FAST"] == T0 + 3 * HOUR_MS + 20 * MINUTE
 
     # global mode, same bound: Spark's watermark after batch 1 is FAST's max - bound
-    global_mode = TwsTester(FlightDelayProcessor(TOKENS), timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
+    global_mode = TwsTester(KeyedWindowProcessor(FLIGHT_DELAYS, TOKENS), timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
     global_mode.testInPandas(TOKEN, rows(*batch))
     global_mode.setWatermark(T0 + 3 * HOUR_MS + 4 * MINUTE - 10 * MINUTE)
     late = kind(global_mode.testInPandas(TOKEN, rows(("SLOW", T0 + 30 * MINUTE, 1))), "late")
@@ -141,7 +147,7 @@ def marks(*rows_):
 
 
 def test_a_split_keys_window_is_written_once_every_piece_has_closed_it(tmp_path):
-    assembler = PieceAssembler(tmp_path, {"ORD": (1, 2)})
+    assembler = PieceAssembler(FLIGHT_DELAYS, tmp_path, {"ORD": (1, 2)})
     first = pd.DataFrame([window_row("ORD", 1, T0, 3, 30, 20), window_row("LGA", 4, T0, 1, 5, 5)])
     out, merged = assembler.assemble(first, marks(("ORD", 1, T0 + HOUR_MS), ("ORD", 2, T0 + 10 * MINUTE)), T0 - HOUR_MS, 0)
     assert out["origin"].tolist() == ["LGA"] and merged == 0  # ORD's piece on slot 2 has not closed the hour
@@ -151,12 +157,12 @@ def test_a_split_keys_window_is_written_once_every_piece_has_closed_it(tmp_path)
     assert out[["origin", "slot", "count", "sum_delay_min", "max_delay_min"]].values.tolist() == [["ORD", 1, 5, 130, 90]]
     assert merged == 1 and assembler.held_events(1) == 0
     # Spark replays batch 1 after a crash: it starts from the pieces held after batch 0 again
-    again, _ = PieceAssembler(tmp_path, {"ORD": (1, 2)}).assemble(second, marks(("ORD", 2, T0 + HOUR_MS + MINUTE)), T0 - HOUR_MS, 1)
+    again, _ = PieceAssembler(FLIGHT_DELAYS, tmp_path, {"ORD": (1, 2)}).assemble(second, marks(("ORD", 2, T0 + HOUR_MS + MINUTE)), T0 - HOUR_MS, 1)
     assert again[["count", "sum_delay_min"]].values.tolist() == [[5, 130]]
 
 
 def test_a_piece_without_events_in_the_window_completes_it_by_its_watermark_or_the_fallback(tmp_path):
-    assembler = PieceAssembler(tmp_path, {"ORD": (1, 2)})
+    assembler = PieceAssembler(FLIGHT_DELAYS, tmp_path, {"ORD": (1, 2)})
     out, _ = assembler.assemble(pd.DataFrame([window_row("ORD", 1, T0, 3, 30, 20)]), marks(("ORD", 1, T0 + HOUR_MS)), None, 0)
     assert out.empty
     out, _ = assembler.assemble(pd.DataFrame(columns=list(out.columns)), marks(), T0 + HOUR_MS, 1)  # the fallback passes the end
