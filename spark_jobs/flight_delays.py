@@ -6,7 +6,7 @@ Usage (the job sets its own Kafka connector jars; the master comes from spark-su
         --partitions 8 --bound-ms 3600000 --limit 20000
 
 Source -> parse & validate (bad -> flights-dead-letter) -> watermark -> slot token ->
-transformWithStateInPandas(FlightDelayProcessor) -> windows (runs/<run_id>/windows/),
+transformWithStateInPandas(KeyedWindowProcessor, the flights spec) -> windows (runs/<run_id>/windows/),
 alerts (flight-delay-alerts), late events (flights-late), per-slot loads. `--help` lists options.
 """
 
