@@ -22,10 +22,11 @@ the update is Spark's row of that window (or none, for an empty result). Needs S
 session fixture, local[2]) and the cached flights, not Kafka or Redis.
 
 Measured (local[2], 4 shuffle partitions, 2 cores shared with two other Spark drivers, load
-average 3-6): 100,000 flights (6.4 days of event time), 147,789 updates (1.48 per flight),
-874,027 native rows (8.7 per flight); the streaming query 64-90 s for 7 micro-batches (the
-first 42-53 s of it: planning, Python workers, state stores; then 4-10 s per batch, the marker
-and the no-data batch included); the native batch aggregation 25-55 s; the test 117-187 s.
+average 3-14, three runs): 100,000 flights (6.4 days of event time), 147,789 updates (1.48 per
+flight), 874,027 native rows (8.7 per flight); the streaming query 64-90 s for 7 micro-batches
+(batch 0 alone 38-53 s: planning, Python workers, state stores; then 4-12 s per batch, the
+marker batch and the no-data batch included); the native batch aggregation 25-55 s; the test
+117-187 s.
 """
 
 from __future__ import annotations
@@ -186,6 +187,9 @@ def test_key_window_stream_equals_spark_native_sliding_windows(spark, settings, 
     # each key's state on its slot: the hash strategy's slot, the Spark partition it ran in
     hashed = strategy_by_name("hash", PARTITIONS)
     assert (updates["partition_id"] == updates["slot"]).all()
+    # each update went out once its key's watermark had passed its window's end, never before
+    assert (updates["start_ms"] + HOUR.size_ms <= updates["watermark_ms"]).all()
+    assert updates["batch_id"].nunique() >= FILES  # batch by batch, not all at the end
     assert all(hashed.slot_of(origin) == slot for origin, slot in updates[["origin", "slot"]].drop_duplicates().itertuples(index=False))
 
     updates = (updates[["origin", "start_ms", "count", "sum", "max"]].astype({"start_ms": np.int64, "count": np.int64, "sum": np.int64,
