@@ -210,12 +210,16 @@ def rekey_state(
         if frame.empty:
             migrated.rows_written[variable.name] = 0
             continue
-        shared = None
+        shared_rows = 0
         if variable.broadcast is not None:
             is_shared = frame["key"].astype(str).map(variable.broadcast).to_numpy(bool)
-            shared, frame = frame[is_shared], frame[~is_shared]
+            shared, frame, sizes = frame[is_shared], frame[~is_shared], sizes[~is_shared]
             if len(shared):
                 out_frames.append(_broadcast_rows(shared, variable, new_tokens))
+                shared_rows = len(out_frames[-1])
+            if frame.empty:
+                migrated.rows_written[variable.name] = shared_rows
+                continue
         keys = frame["key"].astype(str).to_numpy(object)
         new_slots = np.array([slot_of(k) for k in keys], dtype=np.int64)
         old_slots = np.array([slot_of_old_token.get(int(t), -1) for t in frame["old_token"]], dtype=np.int64)
@@ -238,7 +242,7 @@ def rekey_state(
             rows = pd.concat([rows[~duplicated], pd.DataFrame(merged)], ignore_index=True)
         rows = rows.drop(columns=["old_token", "partition_id"])
         rows[STATE_VAR_COLUMN] = variable.name
-        migrated.rows_written[variable.name] = len(rows) + (len(out_frames[-1]) if shared is not None and len(shared) else 0)
+        migrated.rows_written[variable.name] = len(rows) + shared_rows
         out_frames.append(rows)
     shared = {v.name: v.broadcast for v in variables if v.broadcast is not None}
 
@@ -266,6 +270,9 @@ def rekey_state(
     combined = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     migrated.rows = combined.reindex(columns=schema.fieldNames())
     migrated.rows[GROUPING_COLUMN] = migrated.rows[GROUPING_COLUMN].astype(np.int32)
+    for f in schema.fields:  # a long is NULL in another variable's rows: nullable Int64, never float
+        if isinstance(f.dataType, T.LongType):
+            migrated.rows[f.name] = migrated.rows[f.name].astype("Int64")
     return migrated
 
 
@@ -289,7 +296,6 @@ def save_migrated(migrated: MigratedState, path: Path) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = migrated.rows.copy()
-    rows[EXPIRY_COLUMN] = rows[EXPIRY_COLUMN].astype("Int64")
     partial = path.with_suffix(".tmp")
     pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), partial)
     partial.replace(path)
@@ -301,8 +307,16 @@ def initial_state_frame(spark: SparkSession, path: Path, variables: Sequence[Map
     `transformWithStateInPandas(initialState=...)`."""
     rows = pd.read_parquet(path)
     schema = initial_state_schema(variables)
-    rows[EXPIRY_COLUMN] = rows[EXPIRY_COLUMN].astype(object).where(rows[EXPIRY_COLUMN].notna(), None)
-    records = [tuple(None if (isinstance(v, float) and np.isnan(v)) else v for v in row) for row in rows[schema.fieldNames()].itertuples(index=False)]
+    longs = [isinstance(f.dataType, (T.LongType, T.IntegerType)) for f in schema.fields]
+
+    def plain(value, is_long: bool):
+        """A value Spark accepts for its field: None for NULL (pandas NA or NaN), int for a long
+        (a long NULL in other rows reads back as float or Int64), the value otherwise."""
+        if value is None or (not isinstance(value, (bytes, str)) and pd.isna(value)):
+            return None
+        return int(value) if is_long else value
+
+    records = [tuple(plain(v, is_long) for v, is_long in zip(row, longs)) for row in rows[schema.fieldNames()].itertuples(index=False)]
     return spark.createDataFrame(records, schema).groupBy(GROUPING_COLUMN)
 
 

@@ -3,8 +3,9 @@
 The demo's claim at a test's size: with `key` watermarks and a one-minute bound the job loses no
 event (for hash and least_count at P = 8 and hot_split at P = 32), and its windows equal the same
 windows computed by pandas from the data file, while `global` mode with the same bound on the
-same records makes events late. Micro-batches of 20,000 records make Spark read the partitions
-at different speeds in event time, as a backfill does.
+same records makes events late (checked once, with hash: the other placements only add run time).
+Micro-batches of 12,000 records make Spark read the partitions at different speeds in event
+time, as a backfill does.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from keyshift.processing.flight_delays import FlightDelayJobConfig
 
 pytestmark = pytest.mark.integration
 
-FLIGHTS = 100_000
-PER_TRIGGER = 20_000
+FLIGHTS = 60_000
+PER_TRIGGER = 12_000
 MINUTE_MS = 60_000
 
 
-def _run(settings, spark, strategy: str, partitions: int, watermark: str) -> dict:
+def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]) -> dict:
     from keyshift.data.replay import replay_flights
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
     from keyshift.processing.driver import run_flight_delays
@@ -35,7 +36,7 @@ def _run(settings, spark, strategy: str, partitions: int, watermark: str) -> dic
     replay_flights(settings, topic, limit=FLIGHTS, strategy=strategy, partitions=partitions, progress=False)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     runs = {}
-    for mode in (watermark, "global"):
+    for mode in modes:
         config = FlightDelayJobConfig(
             run_id=f"it-keywm-{strategy}-{mode}-{uuid.uuid4().hex[:6]}", strategy=strategy, partitions=partitions, topic=topic,
             bound_ms=MINUTE_MS, max_offsets_per_trigger=PER_TRIGGER, limit=FLIGHTS, watermark=mode,
@@ -58,15 +59,14 @@ def test_key_watermarks_with_a_one_minute_bound_lose_no_flight(settings, spark, 
 
     from keyshift.quality.reference import compare_to_reference
 
-    runs = _run(settings, spark, strategy, partitions, "key")
-    key, global_mode = runs["key"], runs["global"]
+    runs = _run(settings, spark, strategy, partitions, ("key", "global") if strategy == "hash" else ("key",))
+    key = runs["key"]
     assert key["events_read"] == FLIGHTS and key["reconciled"] and key["pending_events"] == 0
     assert key["late_events"] == 0, f"key mode made {key['late_events']} events late"
     comparison = compare_to_reference(Path(key["windows_path"]), reference)
     assert comparison["equal"], comparison
     if strategy == "hot_split":
         assert key["split_keys"] and key["merged_window_pieces"] > 0  # pieces closed apart and were merged
-    # the same records, the same bound, one watermark for the query: events are late
-    assert global_mode["reconciled"] and global_mode["late_events"] > 0
-    print(f"{strategy} P={partitions}: late events key {key['late_events']}, global {global_mode['late_events']}; "
-          f"{key['events_per_second']} vs {global_mode['events_per_second']} events/s")
+    if "global" in runs:  # the same records, the same bound, one watermark for the query: events are late
+        assert runs["global"]["reconciled"] and runs["global"]["late_events"] > 0
+        print(f"{strategy} P={partitions}: late events key {key['late_events']}, global {runs['global']['late_events']}")

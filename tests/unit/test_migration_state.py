@@ -121,3 +121,25 @@ def test_keys_with_state_missing_from_the_plan_get_the_least_loaded_slots():
     assert slot_function(completed)("HDN") == 1
     rule = {**record, "strategy_to": "hash"}
     assert complete_mapping(dict(rule), {"HDN"})["mapping"] == record["mapping"]  # the rule places every key
+
+
+def test_windows_and_key_clocks_migrate_together_into_a_spark_initial_state(spark, tmp_path):
+    """Both declared variables in one initial-state frame: each variable's longs are NULL in the
+    other's rows, and Spark must still get longs (not floats) for the rows that have them."""
+    from keyshift.eventtime.watermarks import KeyClock
+    from keyshift.migration.state import initial_state_frame, save_migrated
+
+    state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2]))])
+    clock = KeyClock(H + 5, H, 1_700_000_000_000, 60_000).as_value()
+    state[CLOCK_STATE_NAME] = pd.DataFrame({
+        "old_token": [10, 11], "partition_id": [0, 1], "key": ["ORD", "#3"],
+        **{name: [clock[i], clock[i]] for i, name in enumerate(["max_event_time_ms", "closed_through_ms", "last_seen_ms", "bound_ms", "recent"])},
+    })
+    migrated = rekey_state(state, no_timers(), STATE_VARIABLES, lambda key: 1, NEW_TOKENS, OLD_TOKENS)
+    assert migrated.rows_written == {PENDING_STATE_NAME: 1, CLOCK_STATE_NAME: 1 + len(NEW_TOKENS)}  # the group clock on every slot
+    assert migrated.keys_total == 1  # "#3" is a group, not a key
+    path = save_migrated(migrated, tmp_path / "initial_state.parquet")
+    grouped = initial_state_frame(spark, path, STATE_VARIABLES)  # grouped by token, as the new query takes it
+    rows = grouped.applyInPandas(lambda frame: frame, initial_state_schema(STATE_VARIABLES)).toPandas()
+    clocks = rows[rows[STATE_VAR_COLUMN] == CLOCK_STATE_NAME]
+    assert sorted(clocks["key"]) == ["#3", "#3", "ORD"] and set(clocks["max_event_time_ms"]) == {H + 5}
