@@ -231,10 +231,13 @@ class KeyedWindowSink:
     def _records(topic: str, rows: pd.DataFrame, to_record) -> list[tuple[str, bytes | None, bytes]]:
         return [(topic, *to_record(row)) for row in rows.itertuples(index=False)]
 
-    @staticmethod
-    def _plain(value):
-        """A JSON-ready Python value of a numpy/pandas scalar."""
-        return value.item() if hasattr(value, "item") else value
+    def _plain(self, column: str, value):
+        """A window column's value as JSON wants it, by its declared type: the processor's output
+        reaches pandas with NULLs in other kinds' rows, so a long arrives as a float."""
+        kind = "long" if column == "count" or column in self.spec.aggregate_names else self.spec.outputs.get(column)
+        if value is None or (not isinstance(value, str) and pd.isna(value)):
+            return None
+        return {"long": int, "double": float, "boolean": bool}.get(kind, lambda v: v)(value)
 
     def _alert_record(self, row) -> tuple[bytes, bytes]:
         key = getattr(row, self.spec.key)
@@ -242,7 +245,7 @@ class KeyedWindowSink:
             self.spec.key: key,
             "window_start_ms": int(row.window_start_ms),
             "window_end_ms": int(row.window_end_ms),
-            **{c: self._plain(getattr(row, c)) for c in self.spec.alert_record_columns},
+            **{c: self._plain(c, getattr(row, c)) for c in self.spec.alert_record_columns},
             "run_id": self.run_id,
             "epoch": self.epoch,
         }

@@ -98,3 +98,21 @@ def test_a_spec_without_its_key_or_with_an_unknown_op_is_refused():
     with pytest.raises(ConfigurationError, match="unknown aggregate op"):
         JobSpec(name="x", fields=SENSORS.fields, key="sensor", aggregates=(Aggregate("m", "median", "celsius"),), outputs={},
                 derive=lambda c, a: {}, table_columns=("count", "m"), topics=SENSORS.topics)
+
+
+def test_alert_records_carry_each_column_as_its_declared_type(tmp_path):
+    """The processor's output reaches the sink through pandas with NULLs in other kinds' rows, so
+    longs arrive as floats; an alert record must still say `"count": 5`, not `5.0`."""
+    import json
+
+    from keyshift.processing.sinks import KeyedWindowSink
+
+    sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=3, partitions=2)
+    row = next(pd.DataFrame([{"origin": "ORD", "window_start_ms": 0.0, "window_end_ms": 3_600_000.0, "count": 5.0, "sum_delay_min": 200.0,
+                              "mean_delay_min": 40.0, "max_delay_min": 90.0, "alert": True}]).itertuples(index=False))
+    key, value = sink._alert_record(row)
+    record = json.loads(value)
+    assert key == b"ORD" and record == {"origin": "ORD", "window_start_ms": 0, "window_end_ms": 3_600_000, "count": 5,
+                                        "mean_delay_min": 40.0, "max_delay_min": 90, "run_id": "r", "epoch": 3}
+    assert {name: type(record[name]) for name in ("count", "max_delay_min", "mean_delay_min")} == {
+        "count": int, "max_delay_min": int, "mean_delay_min": float}
