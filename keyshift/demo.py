@@ -34,6 +34,7 @@ def run_demo(
     watermark: str = "key",
     compare_global: bool = True,
     builtin_bound_ms: int = 172_800_000,
+    topic: str = FLIGHTS_TOPIC,
 ) -> dict[str, Any]:
     """Run the demo end to end and return the job's summary with a `builtin` comparison.
 
@@ -50,6 +51,9 @@ def run_demo(
             records and report its late events (`global_mode` in the summary).
         builtin_bound_ms: the built-in job's watermark delay: a plain Spark job needs two days
             on a backfill of the flights to lose nothing (its late rows are dropped silently).
+        topic: the input topic. The default `flights` is recreated with the side-output topics;
+            another name is recreated alone and the side outputs (shared, every record tagged
+            with its run) are only created if missing, so the demo can run beside other runs.
 
     Raises:
         KeyshiftError subclasses from each step (stack down, data missing, job failure).
@@ -66,13 +70,20 @@ def run_demo(
     from keyshift.quality.windows import validate_windows
     from keyshift.runs import RunRecorder
     from keyshift.stack.spark import connector_jars
-    from keyshift.topics import create_topics
+    from keyshift.topics import create_topics, describe_topics
 
-    log.info("demo %s: creating topics %s with %d partitions", run_id, ", ".join(FLIGHT_TOPICS), partitions)
-    create_topics(settings, FLIGHT_TOPICS, partitions, recreate=True)
+    if topic == FLIGHTS_TOPIC:
+        log.info("demo %s: creating topics %s with %d partitions", run_id, ", ".join(FLIGHT_TOPICS), partitions)
+        create_topics(settings, FLIGHT_TOPICS, partitions, recreate=True)
+    else:
+        log.info("demo %s: creating topic %s with %d partitions", run_id, topic, partitions)
+        create_topics(settings, [topic], partitions, recreate=True)
+        missing = [t for t in FLIGHT_TOPICS if t != FLIGHTS_TOPIC and t not in describe_topics(settings, [t])]
+        if missing:
+            create_topics(settings, missing, 8)
     if strategy in LEARNED_STRATEGIES:  # the replay and the job read what this publishes
-        learn_and_publish(settings, FLIGHTS_TOPIC, strategy, partitions, limit)
-    replay = replay_flights(settings, FLIGHTS_TOPIC, limit=limit, rate=rate, strategy=strategy, partitions=partitions)
+        learn_and_publish(settings, topic, strategy, partitions, limit)
+    replay = replay_flights(settings, topic, limit=limit, rate=rate, strategy=strategy, partitions=partitions)
     log.info("demo %s: replayed %d flights", run_id, replay.events_produced)
 
     spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, spark_conf(partitions, jars=connector_jars(settings)))
@@ -84,6 +95,7 @@ def run_demo(
         max_offsets_per_trigger=max_offsets_per_trigger,
         limit=replay.events_produced,
         watermark=watermark,
+        topic=topic,
     )
     summary = run_flight_delays(settings, config, starting="replay", spark=spark)
     recorder = RunRecorder(settings, run_id)
@@ -106,7 +118,7 @@ def run_demo(
     if builtin:
         start = summary["start_offsets"]
         start = start if isinstance(start, str) else {int(p): o for p, o in start.items()}
-        source = read_kafka(spark, settings, FLIGHTS_TOPIC, start, max_offsets_per_trigger)
+        source = read_kafka(spark, settings, topic, start, max_offsets_per_trigger)
         log.info("demo %s: running Spark's built-in window aggregation on the same records", run_id)
         end = {int(p): o for p, o in summary["end_offsets"].items()}
         result = run_builtin_windows(source, recorder.run_dir / "builtin_windows", run_id, builtin_bound_ms, END_OF_INPUT_EVENT_TIME_MS, end)

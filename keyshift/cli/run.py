@@ -7,6 +7,7 @@ import json
 import click
 
 from keyshift.eventtime.watermarks import WATERMARK_MODES
+from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
 
 
@@ -26,9 +27,10 @@ def command() -> None:
 @click.option("--compare-global/--no-compare-global", default=True, help="Also run the job in global watermark mode with the same bound and report its late events.")
 @click.option("--builtin-bound-ms", type=click.IntRange(min=0), default=172_800_000, show_default=True, help="Watermark delay of Spark's built-in job (it drops late rows silently, so it needs the bound that loses nothing).")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most.")
+@click.option("--topic", default=FLIGHTS_TOPIC, show_default=True, help="Input topic; another name than flights is recreated alone (the side-output topics are shared and kept), so the demo can run beside other runs.")
 @click.option("--builtin/--no-builtin", default=True, help="Also run Spark's built-in aggregation and compare.")
 def demo(run_id, partitions, strategy, limit, rate, bound_ms, watermark, compare_global, builtin_bound_ms, max_offsets_per_trigger,
-         builtin) -> None:
+         topic, builtin) -> None:
     """Recreate the flight topics, replay the flights, run the job to the end, compare with
     Spark's built-in aggregation, and print the summary (also in runs/<run_id>/summary.json).
 
@@ -56,6 +58,7 @@ def demo(run_id, partitions, strategy, limit, rate, bound_ms, watermark, compare
         watermark=watermark,
         compare_global=compare_global,
         builtin_bound_ms=builtin_bound_ms,
+        topic=topic,
     )
     click.echo(json.dumps(summary, indent=2, sort_keys=True))
     problems = []
