@@ -4,7 +4,7 @@ The demo's claim at a test's size: with `key` watermarks and a one-minute bound 
 event (for hash and least_count at P = 8 and hot_split at P = 32), and its windows equal the same
 windows computed by pandas from the data file, while `global` mode with the same bound on the
 same records makes events late (checked once, with hash: the other placements only add run time).
-Micro-batches of 12,000 records make Spark read the partitions at different speeds in event
+Micro-batches of 8,000 records make Spark read the partitions at different speeds in event
 time, as a backfill does.
 """
 
@@ -18,8 +18,8 @@ from keyshift.processing.flight_delays import FlightDelayJobConfig
 
 pytestmark = pytest.mark.integration
 
-FLIGHTS = 60_000
-PER_TRIGGER = 12_000
+FLIGHTS = 40_000
+PER_TRIGGER = 8_000
 MINUTE_MS = 60_000
 
 
