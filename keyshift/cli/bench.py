@@ -141,3 +141,44 @@ def keywindows(out: Path, flights: int, size_ms: int, slide_ms: int, bounds_ms: 
                    f"{row['peak_native_state_windows']:,} windows / {row['peak_native_state_bytes']:,} B, key windows "
                    f"{row['peak_key_window_state_events']:,} events / {row['peak_key_window_row_bytes']:,} B; "
                    f"incremental == batch: {row['incremental_equals_batch']}")
+
+
+@command.command(name="watermark")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSON report to write; the PNG goes beside it.")
+@click.option("--flights", type=click.IntRange(min=1), default=200_000, show_default=True, help="First N flights (events) each run reads.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5_000.0, show_default=True,
+              help="Events/s of the paced replay the latencies are measured on.")
+@click.option("--disorder", "disorders", type=click.FloatRange(min=0, max=1, max_open=True), multiple=True,
+              help="Fraction of events out of order, whole sources late (repeat).  [default: 0 0.25 0.5 0.75]")
+@click.option("--modes", default="global,key,nkey,dynamic,global_lossless", show_default=True,
+              help="Configurations: global, key, nkey, dynamic (bound --bound-ms) and global_lossless (global with the bound it needs).")
+@click.option("--bound-ms", type=click.IntRange(min=0), default=60_000, show_default=True,
+              help="Watermark bound B, ms of event time (dynamic mode's maximum).")
+@click.option("--partitions", type=click.IntRange(min=1), default=8, show_default=True, help="P: topic partitions = slots.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the disorder.")
+@click.option("--source-delay", type=click.FloatRange(min=0.001), default=86_400.0, show_default=True,
+              help="Late sources arrive d in [D/2, D] seconds of event time late (default: 12 to 24 hours).")
+@click.option("--progress/--no-progress", default=True, help="Print a line per run.")
+def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...], modes: str, bound_ms: int, partitions: int, seed: int,
+              source_delay: float, progress: bool) -> None:
+    """Watermark modes on real flights made out of order by whole sources (each source in order).
+
+    Per disorder level and configuration: events per second (backfill), late fraction, output
+    latency p50/p95 (paced replay), state bytes, paper 004's E; checks the issue's targets.
+    """
+    import json
+
+    from keyshift.bench import watermark as bench
+
+    config = bench.BenchSettings(flights=flights, rate=rate, partitions=partitions, disorders=disorders or bench.DISORDERS,
+                                 modes=bench.parse_modes(modes), bound_ms=bound_ms, seed=seed, source_delay_s=source_delay)
+    config.check()  # a bad value fails before anything runs
+    report = bench.run_watermark_bench(Settings(), out, config, progress=progress)
+    click.echo(f"{len(report['rows'])} rows -> {out} (plot {report['plot']}), {report['wall_seconds']:.0f} s")
+    for row in report["rows"]:
+        click.echo(f"  {row['mode']:>15} disorder {row['disorder']:<4g} bound {row['bound_ms']:>11,} ms: {row['events_per_second']} events/s, "
+                   f"late {row['late_fraction']}, latency p50 {row['latency_p50_s']} s p95 {row['latency_p95_s']} s, "
+                   f"state {row['state_bytes']} B, E {row['performance_ratio_E']}, equal to pandas {row['windows_equal_reference']}")
+    for target in report["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        click.echo(f"  {target['target']}: {verdict} ({json.dumps(target['value'])})")
