@@ -16,21 +16,26 @@ The rule, for an event with event time t (ms) in micro-batch b:
   the one recorded for the batch, never the clock of the replay. W = 0 means no watermark yet.
 - The chunk: the events the UDF is handed at once, `spark.sql.execution.arrow.maxRecordsPerBatch`
   rows (default 10,000) of one Kafka partition's slice of the batch, in offset order; the same
-  rows on a replay with the same configuration. m = the lower median of the chunk's event times
-  when it holds at least `reference_min_events` events (S), else undefined.
+  rows on a replay with the same configuration. The chunk's events are cut, in offset order,
+  into blocks of `reference_block_events` (K, default 1,000); a last block of fewer than
+  `reference_min_events` (S) events joins the one before it. m = the lower median of the event
+  times of the event's own block when that block holds at least S events, else undefined. A
+  block, not the whole chunk, so that a backfill whose chunk spans more event time than 2A
+  (hot_split at P = 32 on the flights: a partition's 7,800 events of a batch span about two
+  weeks) is judged against the events near it.
 - "too far in the future": t > T + A (A = `max_ahead_ms`). Needs no history, so it also holds
   in the first batch and in small chunks.
 - "too far ahead of the stream": t > F + A, where F = max(W + B, m) over the defined ones
   (B = the watermark bound, so W + B is the latest event time seen before batch b). The median
   keeps a batch that spans more event time than A (a backfill) and a stream resuming after a
-  pause from being quarantined; it cannot be pulled far by fewer than half of a chunk.
+  pause from being quarantined; it cannot be pulled far by fewer than half of a block.
 - "too far behind the stream": t < R - H (H = `max_behind_ms`), R = W when W > 0, else m. An
   event behind W but within H is late, as before: it goes to the late output.
 - Otherwise the event is plausible. The first rule that holds gives the reason, in the order
   above.
 
-Limits: in the first batch (W = 0) a chunk of fewer than S events has no reference but the
-batch time, so a 1970 event in such a chunk passes (it is then emitted as its own old window).
+Limits: in the first batch (W = 0) a block of fewer than S events has no reference but the
+batch time, so a 1970 event in such a block passes (it is then emitted as its own old window).
 A stream that pauses for longer than A and then delivers fewer than S events per chunk is
 quarantined until a chunk of S events arrives; raise A for such a stream. Changing
 `maxRecordsPerBatch` between a crash and its resume changes the chunks, so a replayed batch may
@@ -72,9 +77,11 @@ class PlausibilityLimits:
             batch's timestamp). Default 7 days: more than half the event time a 10,000-record
             chunk of one partition spans in a flights-3m backfill (about 5 days at P = 8).
         max_behind_ms: H, ms of event time an event may be behind the watermark (or, in the
-            first batch, the chunk's median). Default 30 days.
-        reference_min_events: S, events a chunk needs for its median to count as a reference.
+            first batch, its block's median). Default 30 days.
+        reference_min_events: S, events a block needs for its median to count as a reference.
             Default 50.
+        reference_block_events: K, events per block of a chunk (the median's reach). Default
+            1,000: about two days of event time of one partition of the flights at P = 32.
 
     Raises:
         ConfigurationError: a limit < 1.
@@ -83,9 +90,10 @@ class PlausibilityLimits:
     max_ahead_ms: int = 7 * DAY_MS
     max_behind_ms: int = 30 * DAY_MS
     reference_min_events: int = 50
+    reference_block_events: int = 1_000
 
     def __post_init__(self) -> None:
-        for name in ("max_ahead_ms", "max_behind_ms", "reference_min_events"):
+        for name in ("max_ahead_ms", "max_behind_ms", "reference_min_events", "reference_block_events"):
             if int(getattr(self, name)) < 1:
                 raise ConfigurationError(f"plausibility limit {name} must be >= 1, got {getattr(self, name)}")
 
@@ -130,6 +138,29 @@ def lower_median(values: np.ndarray) -> float:
     return float(np.partition(values, (len(values) - 1) // 2)[(len(values) - 1) // 2])
 
 
+def block_medians(event_times_ms: np.ndarray, block_events: int, min_events: int) -> np.ndarray:
+    """Each event's reference m: the lower median of its block (module docstring).
+
+    Args:
+        event_times_ms: float64 event times (ms) of one chunk, in offset order.
+        block_events: K, events per block.
+        min_events: S; a last block of fewer than S events joins the one before it, and a block
+            (then the whole chunk) of fewer than S events has no median.
+
+    Returns:
+        float64 array of the same length: the median of the event's block, NaN where undefined.
+    """
+    count = len(event_times_ms)
+    medians = np.full(count, np.nan)
+    starts = list(range(0, count, block_events))
+    if len(starts) > 1 and count - starts[-1] < min_events:
+        starts.pop()
+    for start, end in zip(starts, starts[1:] + [count]):
+        if end - start >= min_events:
+            medians[start:end] = lower_median(event_times_ms[start:end])
+    return medians
+
+
 def implausible_reasons(
     event_times_ms: np.ndarray,
     checked: np.ndarray,
@@ -158,17 +189,18 @@ def implausible_reasons(
     events = times[checked]
     if not len(events):
         return reasons
-    median = lower_median(events) if len(events) >= limits.reference_min_events else None
-    watermark = reference.watermark_ms if reference.watermark_ms > 0 else None
-    ahead_anchors = [a for a in (None if watermark is None else watermark + bound_ms, median) if a is not None]
-    behind_anchor = watermark if watermark is not None else median
+    medians = block_medians(events, limits.reference_block_events, limits.reference_min_events)
+    if reference.watermark_ms > 0:
+        ahead_anchor = np.fmax(medians, float(reference.watermark_ms + bound_ms))
+        behind_anchor = np.full(len(events), float(reference.watermark_ms))
+    else:
+        ahead_anchor = behind_anchor = medians
 
     found = np.full(len(events), None, dtype=object)
-    # assigned from the last rule to the first, so the first rule that holds wins
-    if behind_anchor is not None:
+    # assigned from the last rule to the first, so the first rule that holds wins; NaN = no anchor
+    with np.errstate(invalid="ignore"):
         found[events < behind_anchor - limits.max_behind_ms] = TOO_FAR_BEHIND
-    if ahead_anchors:
-        found[events > max(ahead_anchors) + limits.max_ahead_ms] = TOO_FAR_AHEAD
+        found[events > ahead_anchor + limits.max_ahead_ms] = TOO_FAR_AHEAD
     if reference.timestamp_ms is not None:
         found[events > reference.timestamp_ms + limits.max_ahead_ms] = TOO_FAR_IN_THE_FUTURE
     reasons[checked] = found

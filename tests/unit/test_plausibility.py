@@ -14,6 +14,7 @@ from keyshift.eventtime.plausibility import (
     TOO_FAR_IN_THE_FUTURE,
     BatchReference,
     PlausibilityLimits,
+    block_medians,
     implausible_reasons,
     lower_median,
     quarantine_implausible,
@@ -74,6 +75,29 @@ def test_the_chunk_median_moves_the_ahead_limit_with_the_stream():
     assert judge([jump + i for i in range(5)] + [jump + 4 + A + 1], W)[-1] == TOO_FAR_AHEAD
 
 
+def test_a_backfill_chunk_spanning_more_than_twice_the_limit_is_judged_block_by_block():
+    """hot_split at P = 32: a partition's slice of a batch spans weeks of event time, in order. Each
+    event is judged against the median of its own block, so none of the slice is quarantined, while
+    an absurd event inside it still is."""
+    limits = PlausibilityLimits(max_ahead_ms=7 * DAY_MS, reference_min_events=5, reference_block_events=100)
+    span = np.arange(1_000) * (60 * DAY_MS // 1_000) + T0  # 60 days over 1,000 events
+    reasons = implausible_reasons(span, np.ones(1_000, dtype=bool), BatchReference(0, NOW), BOUND, limits)
+    assert reasons.tolist() == [None] * 1_000
+    whole_chunk = PlausibilityLimits(max_ahead_ms=7 * DAY_MS, reference_min_events=5, reference_block_events=1_000)
+    assert TOO_FAR_AHEAD in implausible_reasons(span, np.ones(1_000, dtype=bool), BatchReference(0, NOW), BOUND, whole_chunk).tolist()
+    absurd = span.copy()
+    absurd[500] = T0 + 400 * DAY_MS
+    reasons = implausible_reasons(absurd, np.ones(1_000, dtype=bool), BatchReference(0, None), BOUND, limits).tolist()
+    assert reasons[500] == TOO_FAR_AHEAD and reasons.count(None) == 999
+
+
+def test_block_medians_join_a_short_last_block_and_leave_small_chunks_undefined():
+    times = np.arange(23, dtype=np.float64)
+    medians = block_medians(times, 10, 5)
+    assert medians[:10].tolist() == [4.0] * 10 and medians[10:].tolist() == [16.0] * 13  # 20..22 joined 10..19
+    assert np.isnan(block_medians(np.arange(4, dtype=np.float64), 10, 5)).all()
+
+
 def test_a_small_first_chunk_has_no_stream_reference():
     """Below reference_min_events only the batch time limits a first-batch chunk (documented)."""
     assert judge([T0, 0, T0 + 100 * DAY_MS]) == [None, None, None]
@@ -95,7 +119,7 @@ def test_lower_median_is_an_element():
     assert lower_median(np.array([7])) == 7
 
 
-@pytest.mark.parametrize("name", ["max_ahead_ms", "max_behind_ms", "reference_min_events"])
+@pytest.mark.parametrize("name", ["max_ahead_ms", "max_behind_ms", "reference_min_events", "reference_block_events"])
 def test_limits_must_be_positive(name):
     with pytest.raises(ConfigurationError, match=name):
         PlausibilityLimits(**{name: 0})
