@@ -182,3 +182,32 @@ def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...]
     for target in report["targets"]:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
         click.echo(f"  {target['target']}: {verdict} ({json.dumps(target['value'])})")
+
+
+@command.command(name="throughput")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSON report to write; the PNG goes beside it.")
+@click.option("--config", "configs", multiple=True, help="P:strategy to run (repeat); the first gives ratio_whole/ratio_steady.  [default: 8:hash 32:hot_split]")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Runs of each job per configuration, alternating.")
+@click.option("--flights", type=click.IntRange(min=1), default=None, help="Flights to replay; default all 3,000,000.")
+@click.option("--max-offsets-per-trigger", "per_trigger", type=click.IntRange(min=1), default=250_000, show_default=True, help="Records per micro-batch at most, both jobs.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | None, per_trigger: int, progress: bool) -> None:
+    """keyshift's flight delay job against the plain Spark job a user would write instead.
+
+    Same topic and records, alternating, each run a process of its own: whole-run and steady
+    events/s, batch 0 seconds, driver and Python worker peak memory, the ratios and the issue's
+    goals; keyshift's windows are checked against pandas in every run.
+    """
+    from keyshift.bench import throughput as bench
+
+    chosen = bench.parse_configs(configs or ("8:hash", "32:hot_split"))
+    report = bench.run_throughput_bench(Settings(), out, chosen, runs=runs, flights=flights, per_trigger=per_trigger, progress=progress)
+    for entry in report["ratio_by_config"]:
+        click.echo(f"  P={entry['partitions']} {entry['strategy']}: keyshift {entry['keyshift_events_per_second']} ev/s "
+                   f"(steady {entry['keyshift_steady_events_per_second']}, batch 0 {entry['keyshift_first_batch_seconds']} s), "
+                   f"plain {entry['plain_events_per_second']} ev/s (steady {entry['plain_steady_events_per_second']}, "
+                   f"batch 0 {entry['plain_first_batch_seconds']} s): ratio {entry['ratio_whole']} whole, {entry['ratio_steady']} steady")
+    for goal in report["goals"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
+        click.echo(f"  {goal['goal']}: {verdict} ({goal['measured']})")
+    click.echo(f"-> {out} (plot {out.with_suffix('.png')})")

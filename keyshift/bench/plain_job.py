@@ -1,0 +1,158 @@
+"""The baseline of `keyshift bench throughput`: the plain Spark job a user would write instead.
+
+Hourly windows per origin with Spark's built-in streaming aggregation, written the way a data
+engineer writes it from the Structured Streaming guide, and nothing more:
+
+    Kafka source (`startingOffsets` earliest, `maxOffsetsPerTrigger`)
+    -> `from_json(value, <record schema>)` -> drop rows with a NULL origin or event time
+    -> `withWatermark(ts, "48 hours")` -> `groupBy(window(ts, "1 hour"), origin)`
+       .agg(count, sum(delay_min), max(delay_min))
+    -> Parquet sink, append mode, `trigger(availableNow=True)`
+
+Set up as well as a user would: `spark.sql.shuffle.partitions` = P (not the default 200), the
+default state store, the same driver memory and connector jars as keyshift's job. It has no
+dead-letter output, no late output, no accounting, no placement and no migratable state: what
+keyshift adds must not cost throughput against this (issue "Throughput").
+
+Run as a process of its own (`python -m keyshift.bench.plain_job --topic T --partitions P
+--out DIR`), so the bench times it like keyshift's job, JVM start included; it prints one JSON
+line: `{"events", "batches", "query_seconds", "first_batch_seconds", "steady_events_per_second",
+"driver_peak_rss_bytes", "python_peak_rss_bytes", "progress": [...]}`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+RECORD_SCHEMA = T.StructType(
+    [
+        T.StructField("event_id", T.LongType()),
+        T.StructField("origin", T.StringType()),
+        T.StructField("destination", T.StringType()),
+        T.StructField("delay_min", T.LongType()),
+        T.StructField("distance_mi", T.LongType()),
+        T.StructField("event_time", T.LongType()),
+    ]
+)
+"""The flight record as a user would declare it for `from_json` (event time in epoch ms UTC)."""
+
+BOUND = "48 hours"
+"""The watermark delay a plain job needs to lose no flight in a backfill at P = 8 (DESIGN.md: the
+partitions drift apart by up to 37 h); Spark drops later rows silently."""
+
+
+def plain_windows(kafka_rows: DataFrame, bound: str = BOUND, window: str = "1 hour") -> DataFrame:
+    """The plain job's query, from Kafka rows (`value` binary) to window rows.
+
+    Returns:
+        A streaming DataFrame: origin, window_start, window_end (timestamps), count,
+        sum_delay_min, max_delay_min (longs); append mode.
+    """
+    flights = (
+        kafka_rows.select(F.from_json(F.col("value").cast("string"), RECORD_SCHEMA).alias("f"))
+        .select("f.*")
+        .where(F.col("origin").isNotNull() & F.col("event_time").isNotNull())
+        .withColumn("ts", F.timestamp_millis("event_time"))
+    )
+    return (
+        flights.withWatermark("ts", bound)
+        .groupBy(F.window("ts", window), F.col("origin"))
+        .agg(F.count(F.lit(1)).alias("count"), F.sum("delay_min").alias("sum_delay_min"), F.max("delay_min").alias("max_delay_min"))
+        .select("origin", F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+                "count", "sum_delay_min", "max_delay_min")
+    )
+
+
+def run_plain_job(spark: SparkSession, bootstrap_servers: str, topic: str, out_dir: Path, max_offsets_per_trigger: int) -> dict[str, Any]:
+    """Run the plain job over everything in `topic` now (availableNow) and return its figures.
+
+    Args:
+        spark: the session (shuffle partitions already P).
+        bootstrap_servers: Kafka's `host:port`. topic: the input topic.
+        out_dir: windows/ and checkpoint/ are written here (must not hold an earlier run).
+        max_offsets_per_trigger: records per micro-batch at most.
+
+    Returns:
+        events (rows read), batches, query_seconds (start to termination), first_batch_seconds
+        (batch 0's trigger execution), steady_events_per_second (rows / trigger execution time of
+        the batches after the first that read rows), progress (per batch: batch_id, input_rows,
+        batch_duration_ms).
+    """
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", max_offsets_per_trigger)
+        .load()
+    )
+    started = time.monotonic()
+    query = (
+        plain_windows(source).writeStream.format("parquet").outputMode("append")
+        .option("path", str(out_dir / "windows")).option("checkpointLocation", str(out_dir / "checkpoint"))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination()
+    query_seconds = time.monotonic() - started
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    batches = [{"batch_id": p["batchId"], "input_rows": int(p.get("numInputRows") or 0),
+                "batch_duration_ms": int(p.get("batchDuration") or p["durationMs"].get("triggerExecution", 0))} for p in progress]
+    reading = [b for b in batches if b["input_rows"] > 0]
+    steady = reading[1:]
+    steady_ms = sum(b["batch_duration_ms"] for b in steady)
+    return {
+        "events": sum(b["input_rows"] for b in batches),
+        "batches": len(batches),
+        "query_seconds": round(query_seconds, 3),
+        "first_batch_seconds": round(reading[0]["batch_duration_ms"] / 1000, 3) if reading else None,
+        "steady_events_per_second": round(sum(b["input_rows"] for b in steady) / steady_ms * 1000, 1) if steady_ms else None,
+        "progress": batches,
+    }
+
+
+@click.command()
+@click.option("--topic", required=True, help="Input topic (read from the earliest offset to its end now).")
+@click.option("--partitions", type=click.IntRange(min=1), required=True, help="spark.sql.shuffle.partitions = P.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder for windows/ and checkpoint/ (new).")
+@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, show_default=True)
+def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -> None:
+    """Run the plain job once and print its figures as one JSON line."""
+    from keyshift.processing.driver import PeakMemorySampler, driver_jvm_pid
+    from keyshift.processing.session import build_spark_session
+    from keyshift.settings import Settings
+    from keyshift.stack.spark import connector_jars
+
+    settings = Settings()
+    conf = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.memory": "4g",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.numRecentProgressUpdates": "1000",
+        "spark.jars": ",".join(str(j) for j in connector_jars(settings)),
+    }
+    spark = build_spark_session(f"plain-job-{out.name}", settings.spark_master, conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    sampler = PeakMemorySampler(driver_jvm_pid(spark))
+    sampler.start()
+    try:
+        result = run_plain_job(spark, settings.bootstrap_servers, topic, out, max_offsets_per_trigger)
+    finally:
+        sampler.stop()
+    result["driver_peak_rss_bytes"] = sampler.peak_rss_bytes
+    result["python_peak_rss_bytes"] = sampler.peak_children_rss_bytes
+    spark.stop()
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
