@@ -160,3 +160,16 @@ def test_job_run_takes_a_registered_job_by_option_and_refuses_two_names():
     assert result.exit_code == 2 and "give one" in result.output
     result = CliRunner().invoke(command, ["run", "--job", "hopping"])
     assert result.exit_code == 2 and "flight_delays_sliding" in result.output
+
+
+def test_a_switch_of_a_key_window_run_is_refused(tmp_path):
+    import json
+
+    from keyshift.migration.switch import request_switch
+    from keyshift.settings import Settings
+
+    run_dir = tmp_path / "kw-run"
+    run_dir.mkdir()
+    (run_dir / "job.json").write_text(json.dumps({"config": {"run_id": "kw-run", "job": "flight_delays_sliding"}}))
+    with pytest.raises(ConfigurationError, match="switching a key-window job is not supported"):
+        request_switch(Settings(runs_dir=tmp_path), "kw-run", "least_count")
