@@ -1,4 +1,8 @@
-"""`keyshift job run flight_delays`: run the flight delay job in this process (local Spark)."""
+"""`keyshift job run [--job NAME]`: run a registered keyed window job in this process (local Spark).
+
+Jobs (`keyshift.jobs.job_specs`): `flight_delays` (hourly tumbling windows per origin, with
+alerts; the default) and `flight_delays_sliding` (1 h windows every minute per origin, computed
+with key windows). `keyshift job run flight_delays` (the job as an argument) still works."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import click
 from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
+from keyshift.jobs import job_names
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
 
@@ -23,6 +28,9 @@ def new_run_id(prefix: str = "fd") -> str:
 def flight_delay_options(function):
     """The options of a flight delay run, shared by the CLI and spark_jobs/flight_delays.py."""
     options = [
+        click.option("--job", "job_name", type=click.Choice(job_names()), default=None,
+                     help="The job spec to run (default flight_delays): flight_delays (tumbling windows, alerts) or "
+                          "flight_delays_sliding (1 h windows every minute, as key windows)."),
         click.option("--run-id", default=None, help="Run id; default fd-<UTC time>-<hex>. Names runs/<run_id>/."),
         click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy of keys to slots."),
         click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots = topic partitions = shuffle partitions."),
@@ -40,7 +48,8 @@ def flight_delay_options(function):
                      help="Per-key modes: no key's watermark stays further than this behind the stream's max event time (ms)."),
         click.option("--key-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=WatermarkPolicy.idle_timeout_s,
                      show_default=True, help="timeout fallback: seconds without events after which a key closes its windows."),
-        click.option("--window-ms", type=click.IntRange(min=1), default=HOUR_MS, help="Tumbling window size, ms of event time."),
+        click.option("--window-ms", type=click.IntRange(min=1), default=HOUR_MS,
+                     help="Window size, ms of event time (a key-window job slides by its spec's slide_ms)."),
         click.option("--topic", default=FLIGHTS_TOPIC, help="Input topic."),
         click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
         click.option("--limit", type=click.IntRange(min=1), default=None, help="Bounded run: wait for LIMIT records, drain, flush, stop. Default: run until stopped."),
@@ -71,6 +80,7 @@ def run_from_options(**options) -> dict:
         return run_flight_delays(Settings(), FlightDelayJobConfig(run_id=options["resume"]), resume=True)
     config = FlightDelayJobConfig(
         run_id=options["run_id"] or new_run_id(),
+        job=options.get("job_name") or "flight_delays",
         strategy=options["strategy"],
         partitions=options["partitions"],
         epoch=options["epoch"],
@@ -98,13 +108,19 @@ def command() -> None:
 
 
 @command.command(name="run")
-@click.argument("job", type=click.Choice(["flight_delays"]))
+@click.argument("job", type=click.Choice(job_names()), required=False)
 @flight_delay_options
-def run(job: str, **options) -> None:
-    """Run JOB in this process on local Spark and print its summary as JSON.
+def run(job: str | None, **options) -> None:
+    """Run a job in this process on local Spark and print its summary as JSON.
 
-    flight_delays: hourly delay windows per origin from the flights topic, with alerts, late
-    events and dead letters. With --limit it drains and stops; without, it runs until Ctrl-C.
+    The job is --job NAME (or the JOB argument; default flight_delays). flight_delays: hourly
+    delay windows per origin from the flights topic, with alerts, late events and dead letters.
+    flight_delays_sliding: 1 h windows every minute per origin as key window updates (paper 003),
+    with late events and dead letters. With --limit it drains and stops; without, it runs until
+    Ctrl-C.
     """
+    if job and options.get("job_name") and job != options["job_name"]:
+        raise click.UsageError(f"the argument names job {job} but --job names {options['job_name']}; give one")
+    options["job_name"] = options.get("job_name") or job
     summary = run_from_options(**options)
     click.echo(json.dumps(summary, indent=2, sort_keys=True))

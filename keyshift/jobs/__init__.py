@@ -6,15 +6,26 @@ from keyshift.errors import ConfigurationError
 from keyshift.processing.spec import JobSpec
 
 
+def job_specs() -> dict[str, JobSpec]:
+    """Every registered job: name -> spec (`flight_delays`, `flight_delays_sliding`)."""
+    from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+    from keyshift.jobs.flight_delays_sliding import FLIGHT_DELAYS_SLIDING
+
+    return {spec.name: spec for spec in (FLIGHT_DELAYS, FLIGHT_DELAYS_SLIDING)}
+
+
+def job_names() -> tuple[str, ...]:
+    """The registered jobs' names, sorted (the choices of `keyshift job run --job`)."""
+    return tuple(sorted(job_specs()))
+
+
 def job_spec(name: str) -> JobSpec:
     """The spec of the job called `name`.
 
     Raises:
         ConfigurationError: no such job.
     """
-    from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-
-    jobs = {FLIGHT_DELAYS.name: FLIGHT_DELAYS}
+    jobs = job_specs()
     if name not in jobs:
         raise ConfigurationError(f"unknown job {name!r}; keyshift runs {', '.join(sorted(jobs))}")
     return jobs[name]

@@ -271,10 +271,12 @@ def request_switch(
         The finished switch record (state done, or rolled_back with the reason).
 
     Raises:
-        ConfigurationError: unknown run or strategy, P < 1. JobError: another switch holds the
+        ConfigurationError: unknown run or strategy, P < 1, or a run of a key-window job
+            (`JobSpec.window == "key_windows"`: no switch for those yet). JobError: another switch holds the
             lock, or the switch failed or timed out (the record says at which step).
         StackError: Redis or Kafka unreachable.
     """
+    from keyshift.jobs import job_spec
     from keyshift.processing.driver import load_segments
     from keyshift.processing.flight_delays import check_job_strategy
 
@@ -285,6 +287,10 @@ def request_switch(
     run_dir = settings.runs_dir / run_id
     if not (run_dir / "job.json").exists():
         raise ConfigurationError(f"run {run_id!r} has no job record in {run_dir}; is it a started run of the flight delay job?")
+    job = json.loads((run_dir / "job.json").read_text())["config"].get("job", "flight_delays")
+    if job_spec(job).key_windows:
+        raise ConfigurationError(f"run {run_id!r} runs job {job}, which computes key windows: switching a key-window job is not "
+                                 "supported; stop it and start a new run with the other strategy or P")
     control = SwitchControl.from_settings(settings, run_id)
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     try:

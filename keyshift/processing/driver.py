@@ -27,6 +27,7 @@ from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
 from keyshift.errors import ConfigurationError, JobError
+from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC
 from keyshift.kafka_clients import client_options, spark_options
 from keyshift.monitoring.balance import balance_degree
@@ -39,6 +40,7 @@ from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
 from keyshift.processing.sinks import KeyedWindowSink
+from keyshift.processing.key_window_sink import KeyWindowSink, kept_events, native_window_rows
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
 
@@ -505,7 +507,10 @@ def run_flight_delays(
         last = segments[-1]
         checkpoint = run_dir / last["checkpoint"]
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
-        pending = pending_events(spark, checkpoint, aggregates=len(config.spec.aggregates)) + (sink.pieces.held_events() if sink.pieces is not None else 0)
+        if config.spec.key_windows:
+            pending = kept_events(spark, checkpoint)
+        else:
+            pending = pending_events(spark, checkpoint, aggregates=len(config.spec.aggregates)) + (sink.pieces.held_events() if sink.pieces is not None else 0)
         _, consumed = committed_batches(checkpoint, config.topic)
         consumed = consumed or segment_start(last)
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
@@ -543,7 +548,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
     from keyshift.migration import in_driver
     from keyshift.migration.state import initial_state_frame
     from keyshift.migration.switch import SwitchControl, step_index
-    variables = state_variables(config.spec)  # the job's declared state, for the switch
+    spec = config.spec
+    variables = state_variables(spec)  # the job's declared state, for the switch
 
     start, replay = load_job_record(run_dir)[1:]
     segments = load_segments(run_dir)
@@ -555,6 +561,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
 
     control = SwitchControl.from_settings(settings, config.run_id)
     record = control.pending()
+    if record is not None and spec.key_windows:
+        record = _refuse_switch(control, record, spec.name)
     if record is not None and step_index(record["step"]) < step_index("segment"):
         # a switch asked for, or cut short before its commit point: the old checkpoint is at
         # rest and nothing is published, so do it now, before the old query starts again
@@ -573,9 +581,13 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         checkpoint = run_dir / segment["checkpoint"]
         recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment["index"])
         spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.partitions))
-        pieces = PieceAssembler(config.spec, run_dir / "pieces", seg_config.split, int(segment["batch_base"])) if config.watermark != "global" else None
-        sink = KeyedWindowSink(config.spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
-                               side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
+        if spec.key_windows:
+            sink = KeyWindowSink(spec, SlidingWindow(seg_config.window_ms, spec.slide_ms), run_dir, config.run_id, seg_config.epoch,
+                                 seg_config.partitions, side_outputs, batch_base=int(segment["batch_base"]))
+        else:
+            pieces = PieceAssembler(spec, run_dir / "pieces", seg_config.split, int(segment["batch_base"])) if config.watermark != "global" else None
+            sink = KeyedWindowSink(spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
+                                   side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
         initial = initial_state_frame(spark, run_dir / segment["initial_state"], variables) if segment.get("initial_state") else None
         stream = flight_delay_stream(
             read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
@@ -604,6 +616,10 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                            switching, lambda rec: in_driver.verify_and_finish(
                                spark, settings, run_dir, segment, rec, control, variables, time.time(),
                                _conservation(spark, run_dir, segments, sink)))
+            while spec.key_windows and watch.get("outcome") == "switch":  # refused; the query goes on
+                _refuse_switch(control, watch.pop("switch_record"), spec.name)
+                watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
+                               None, None)
         except JobError as exc:
             sink.barrier.set()  # nothing more of this query reaches the outputs
             query.stop()
@@ -626,6 +642,20 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at)
         record = control.current()
+
+
+def _refuse_switch(control, record: dict[str, Any], job: str) -> None:
+    """End a switch asked of a key-window job as failed, with the reason; returns None (no switch).
+
+    Key windows have no switch yet: `KeyWindowProcessor` declares its state
+    (`KEY_WINDOW_STATE_VARIABLES`) and restores it from `initialState`, but the switch's
+    conservation check and pending count read the tumbling state. `keyshift.migration.switch.
+    request_switch` refuses such a run up front (ConfigurationError); this catches a request
+    written to Redis by other means."""
+    reason = f"job {job} computes key windows; switching a key-window job is not supported (restart it with another strategy instead)"
+    log.warning("run %s: switch %s refused: %s", control.run_id, record.get("switch_id"), reason)
+    control.conclude(record, "failed", error=reason)
+    return None
 
 
 def _conservation(spark, run_dir: Path, segments: list[dict[str, Any]], sink: KeyedWindowSink):
@@ -843,7 +873,7 @@ def build_summary(
     """
     counters = sink.counters
     events_read = counters.processed_events
-    return {
+    summary = {
         "run_id": config.run_id,
         "strategy": config.strategy,
         "partitions": config.partitions,
@@ -877,6 +907,32 @@ def build_summary(
         "python_workers_peak_rss_bytes": sampler.peak_children_rss_bytes,
         "windows_path": str(sink.windows_dir),
         "end_offsets": {str(p): o for p, o in sorted((config.end_offsets or {}).items())} or None,
+        "job": config.job,
+        "window": config.spec.window,
+    }
+    if config.spec.key_windows:
+        summary.update(_key_window_summary(config, sink))
+    return summary
+
+
+def _key_window_summary(config: FlightDelayJobConfig, sink: KeyWindowSink) -> dict[str, Any]:
+    """A key-window run's own figures: the slide (ms), updates emitted, events retired (the
+    ledger's `sum_window_counts`), and the rows Spark's native sliding-window aggregation gives for
+    the same results (`native_window_rows` over the key_windows table), with their ratio."""
+    import pandas as pd
+
+    spec = config.spec
+    files = sorted(sink.windows_dir.glob("part-*.parquet"))
+    table = pd.read_parquet(files, columns=[spec.key, "start_ms", "count"]) if files else pd.DataFrame(columns=[spec.key, "start_ms", "count"])
+    native = native_window_rows(table, spec.key, spec.slide_ms)
+    updates = sink.counters.windows_emitted
+    return {
+        "slide_ms": spec.slide_ms,
+        "key_window_updates": updates,
+        "events_retired": sink.counters.sum_window_counts,
+        "native_window_rows": native,
+        "updates_per_native_row": round(updates / native, 4) if native else None,
+        "key_windows_path": str(sink.windows_dir),
     }
 
 

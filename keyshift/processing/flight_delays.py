@@ -6,6 +6,10 @@ them) -> dead-letter payload -> event-time watermark -> drop end-of-input marker
 -> Local Merge: partials per (key, window) and the slot token from the assignment (mapInPandas)
 -> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids)
 
+A spec with `window="key_windows"` (sliding windows, paper 003) shares everything up to the
+markers and then takes `keyshift.processing.key_window_stream.key_window_stream` instead of
+Local Merge + KeyedWindowProcessor: slot token per event -> KeyWindowProcessor.
+
 The result is a streaming DataFrame of `keyshift.processing.processor.output_schema(spec)` rows
 that the sink (`keyshift.processing.sinks.KeyedWindowSink`) splits into windows, alerts, late
 events, dead letters and per-slot loads. Which job runs is `FlightDelayJobConfig.job` (the
@@ -69,7 +73,8 @@ class FlightDelayJobConfig:
         partitions: P slots = Kafka partitions of the input = Spark shuffle partitions.
         epoch: the assignment epoch in force, written on every window.
         bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
-        window_ms: tumbling window size, ms of event time.
+        window_ms: window size p, ms of event time (tumbling; or the sliding window's size of a
+            key-window job, whose slide is the spec's `slide_ms`).
         topic: the input topic.
         max_offsets_per_trigger: records per micro-batch at most (None: all available).
         limit: bounded run: wait for at least this many records in the topic, drain, flush the
@@ -197,7 +202,12 @@ def flight_delay_stream(
             lateness, window closing and the plausibility reference never go below it.
 
     Returns:
-        A streaming DataFrame of processor output rows (`output_schema(config.spec)`), append mode.
+        A streaming DataFrame of processor output rows, append mode: `output_schema(config.spec)`
+        for a tumbling spec; for a key-window spec (`config.spec.key_windows`) the rows of
+        `keyshift.processing.key_window_stream.key_window_stream`.
+
+    Raises:
+        ConfigurationError: a key-window job with split keys or the `timeout` idle fallback.
 
     The watermark column is dropped before the stateful operator on purpose: the processor itself
     decides lateness per event (window end <= watermark) and sends late events to a side output,
@@ -225,11 +235,18 @@ def flight_delay_stream(
         .where(~(F.col("is_control") & F.col(EVENT_TIME_COLUMN).isNotNull()))
         .drop(EVENT_TIME_COLUMN, "is_control", "control_run_id")
     )
+    store = (config.redis_url, config.topic) if config.assignment is not None else None
+    if spec.key_windows:
+        from keyshift.processing.key_window_stream import check_key_window_run, key_window_stream
+
+        check_key_window_run(spec, config.split, policy)
+        return key_window_stream(events.select(*input_columns(spec)), spec, config.strategy, config.partitions, config.window_ms,
+                                 policy, config.assignment, store, watermark_floor_ms, initial_state)
     partials = events.select(*input_columns(spec)).mapInPandas(
         local_merge_function(
             spec,
             config.strategy, config.partitions, config.window_ms, config.assignment,
-            (config.redis_url, config.topic) if config.assignment is not None else None,
+            store,
             config.split,
         ),
         partial_schema(spec),

@@ -65,10 +65,17 @@ Output rows (`key_window_output_schema`), tagged by `kind`:
   update; one row per change, final; `watermark_ms` = the key's watermark that made it final.
 - `late`: one row per late event with its key, time, value, id, partition, offset and the
   `watermark_ms` it was late against.
-- `load`: one row per slot per batch: `count` = events the slot processed (late ones included).
+- `load`: one row per slot per batch: `count` = events the slot processed (late ones included;
+  dead letters not).
+- `retired`: `count` = events that left the slot's state for good in this call: every window
+  holding them is final and its updates are emitted (one row per call that retired any).
+- `dead_letter` (only with `KeyWindowColumns(dead_letters=True)`): an input row whose
+  `dead_letter_reason` is set, passed through whole (reason, raw payload, partition, offset),
+  never counted as an event, as `KeyedWindowProcessor` passes them.
 Every row carries `slot`, `partition_id` (the Spark partition: `TaskContext`) and
-`global_watermark_ms` (W, after the floor). Over a run: events = Σ load.count = Σ over keys of
-the events the updates count + late rows.
+`global_watermark_ms` (W, after the floor). Over a run: events = Σ load.count = Σ retired.count
++ late rows + events still kept in state (`key_window_state`'s n per key; 0 once drained); the
+updates count each retired event in every window that held it.
 
 Not supported (ConfigurationError at construction): the `timeout` idle fallback. A key split
 over several slots (hot_split) cannot be migrated (its pieces' emitted results do not merge).
@@ -89,13 +96,19 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from keyshift.errors import ConfigurationError, DataError
-from keyshift.eventtime.key_windows import KeyWindowState, SlidingWindow, advance_keys
+from keyshift.eventtime.key_windows import STATE_BYTES_PER_EVENT, STATE_HEADER_BYTES, KeyWindowState, SlidingWindow, advance_keys
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, is_group_clock, watermark_key
 from keyshift.migration.state import MapStateVariable, restore_initial_state
 
 KIND_KEY_WINDOW = "key_window"
 KIND_LATE = "late"
 KIND_LOAD = "load"
+KIND_RETIRED = "retired"
+KIND_DEAD_LETTER = "dead_letter"
+
+DEAD_LETTER_COLUMNS = ("dead_letter_reason", "raw_value", "raw_encoding", "raw_key_base64")
+"""Input and output columns (strings) of a dead letter, with `KeyWindowColumns(dead_letters=True)`
+(as `keyshift.processing.records.with_dead_letter_payload` makes them)."""
 
 END_OF_INPUT_EVENT_TIME_MS = 253_402_300_799_000
 """9999-12-31T23:59:59Z: the event time of an end-of-input marker (the same as the Kafka jobs'
@@ -153,6 +166,9 @@ class KeyWindowColumns:
         partition, offset: source coordinates (int, long): Kafka partition and offset, or a
             file index and row number; a key's events are fed to its clock in this order.
         token: the grouping column (int slot token); input only.
+        dead_letters: the input also has the string columns `DEAD_LETTER_COLUMNS`; a row with
+            `dead_letter_reason` set is a dead letter, passed out as kind `dead_letter` (its key,
+            time and value may be NULL); the output schema gets those columns too.
 
     Raises:
         ConfigurationError: names repeat, or collide with the fixed output columns
@@ -167,9 +183,12 @@ class KeyWindowColumns:
     partition: str = "kafka_partition"
     offset: str = "kafka_offset"
     token: str = "token"
+    dead_letters: bool = False
 
     def __post_init__(self) -> None:
         names = [self.key, self.event_time_ms, self.value, self.event_id, self.partition, self.offset, self.token]
+        if self.dead_letters:
+            names += list(DEAD_LETTER_COLUMNS)
         if len(set(names)) != len(names):
             raise ConfigurationError(f"key window input columns must be distinct, got {names}")
         if clash := [n for n in names if n in _FIXED_OUTPUT]:
@@ -179,7 +198,9 @@ class KeyWindowColumns:
 def key_window_output_schema(columns: KeyWindowColumns = KeyWindowColumns()) -> T.StructType:
     """Schema of every row `KeyWindowProcessor` emits (columns a kind does not use are NULL):
     kind, slot, partition_id, <key>, start_ms, count, sum, max, <event_time_ms>, <value>,
-    <event_id>, <partition>, <offset>, watermark_ms, global_watermark_ms (ms are event time)."""
+    <event_id>, <partition>, <offset>, watermark_ms, global_watermark_ms (ms are event time), and
+    with `columns.dead_letters` the `DEAD_LETTER_COLUMNS` (strings)."""
+    dead = [T.StructField(name, T.StringType(), True) for name in DEAD_LETTER_COLUMNS] if columns.dead_letters else []
     return T.StructType(
         [
             T.StructField("kind", T.StringType(), False),
@@ -197,6 +218,7 @@ def key_window_output_schema(columns: KeyWindowColumns = KeyWindowColumns()) -> 
             T.StructField(columns.offset, T.LongType(), True),
             T.StructField("watermark_ms", T.LongType(), True),
             T.StructField("global_watermark_ms", T.LongType(), True),
+            *dead,
         ]
     )
 
@@ -205,6 +227,11 @@ def _partition_id() -> int:
     """The Spark partition this code runs in (-1 outside a Spark task, e.g. in TwsTester)."""
     context = TaskContext.get()
     return context.partitionId() if context is not None else -1
+
+
+def _kept(states) -> int:
+    """Events kept in packed `KeyWindowState`s (None: no state), from their byte lengths."""
+    return sum((len(data) - STATE_HEADER_BYTES) // STATE_BYTES_PER_EVENT for data in states if data is not None)
 
 
 def _int64(name: str, series: pd.Series) -> np.ndarray:
@@ -279,8 +306,16 @@ class KeyWindowProcessor(StatefulProcessor):
         slot = self._slot_of_token.get(token, -1)
         partition_id = _partition_id()
         fallback = max(int(timerValues.getCurrentWatermarkInMs()), self._floor_ms)
-        chunks = [chunk[chunk[c.key].notna()] for chunk in rows]  # NULL key: an end-of-input marker
-        chunks = [chunk for chunk in chunks if len(chunk)]
+        chunks = []
+        for chunk in rows:
+            if c.dead_letters:
+                rejected = chunk["dead_letter_reason"].notna()
+                if rejected.any():
+                    yield self._dead_letter_rows(chunk[rejected], slot, partition_id, fallback)
+                    chunk = chunk[~rejected]
+            chunk = chunk[chunk[c.key].notna()]  # NULL key: an end-of-input marker
+            if len(chunk):
+                chunks.append(chunk)
         events = (chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)) if chunks else None
         n = 0 if events is None else len(events)
         yield self._frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [n], "global_watermark_ms": [fallback]})
@@ -308,6 +343,9 @@ class KeyWindowProcessor(StatefulProcessor):
         on_time = ~late
         final = dict(zip(distinct, after.tolist()))
         new, updates = advance_keys(old, keys[on_time], times[on_time], values[on_time], final, self._window)
+        retired = _kept(old.values()) + int(on_time.sum()) - _kept(new.values())
+        if retired:
+            yield self._retired(retired, slot, partition_id, fallback)
         for k in distinct:  # one write per touched key, none when nothing changed
             if new[k] is None:
                 if old[k] is not None:
@@ -344,6 +382,9 @@ class KeyWindowProcessor(StatefulProcessor):
                 elif data != old[k]:
                     self._windows.updateValue((k,), (data,))
             remaining = list(new.values())
+            retired = _kept(old.values()) - _kept(remaining)
+            if retired:
+                yield self._retired(retired, slot, _partition_id(), fallback)
         else:
             remaining = []
         kept = {}
@@ -449,6 +490,20 @@ class KeyWindowProcessor(StatefulProcessor):
             "sum": updates["sum"].to_numpy(np.int64),
             "max": np.where(maxes.isna().to_numpy(), None, maxes.fillna(0).to_numpy(np.int64).astype(object)),
             "watermark_ms": np.array([final[k] for k in keys], dtype=np.int64), "global_watermark_ms": [fallback] * n,
+        })
+
+    def _retired(self, events: int, slot: int, partition_id: int, fallback: int) -> pd.DataFrame:
+        """One `retired` row: `events` left the slot's state for good in this call."""
+        return self._frame(KIND_RETIRED, 1, {"slot": [slot], "partition_id": [partition_id], "count": [int(events)],
+                                             "global_watermark_ms": [fallback]})
+
+    def _dead_letter_rows(self, dead: pd.DataFrame, slot: int, partition_id: int, fallback: int) -> pd.DataFrame:
+        """`dead_letter` rows: the rejected input rows with their reason, raw payload and coordinates."""
+        c, n = self._columns, len(dead)
+        return self._frame(KIND_DEAD_LETTER, n, {
+            "slot": [slot] * n, "partition_id": [partition_id] * n,
+            **{name: dead[name].tolist() for name in DEAD_LETTER_COLUMNS},
+            c.partition: dead[c.partition].tolist(), c.offset: dead[c.offset].tolist(), "global_watermark_ms": [fallback] * n,
         })
 
     def _late_rows(self, late: pd.DataFrame, slot: int, partition_id: int, watermarks: np.ndarray, fallback: int) -> pd.DataFrame:

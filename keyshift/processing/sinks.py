@@ -115,11 +115,14 @@ class KeyedWindowSink:
             from the ledger at construction).
     """
 
+    TABLE = "windows"
+    """The output table's folder under the run's folder."""
+
     def __init__(self, spec: JobSpec, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0,
                  pieces: PieceAssembler | None = None) -> None:
         self.spec = spec
         self._table_schema = window_table_schema(spec)
-        self.windows_dir = Path(run_dir) / "windows"
+        self.windows_dir = Path(run_dir) / self.TABLE
         self.windows_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
         self.epoch = epoch

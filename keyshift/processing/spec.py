@@ -3,9 +3,19 @@
 keyshift's keyed window engine (parse and validate -> Local Merge -> stateful processor -> sinks,
 with placement, watermark modes, dead letters, late output, per-slot metrics and migratable
 state) is written once; a job is a `JobSpec`: its record fields and their validation, the key,
-the event time, associative aggregates over a tumbling window, and an output rule that derives
-the window's published columns (e.g. the flights' mean delay and alert). A job file is then a
-spec of a few dozen lines (`keyshift.jobs.flight_delays`).
+the event time, associative aggregates over a window, and an output rule that derives the
+window's published columns (e.g. the flights' mean delay and alert). A job file is then a spec
+of a few dozen lines (`keyshift.jobs.flight_delays`).
+
+The window (`JobSpec.window`) is one of `WINDOWS`:
+- `tumbling` (the default): windows [k·p, (k+1)·p) per key, p = `window_ms`; Local Merge and
+  `keyshift.processing.processor.KeyedWindowProcessor`; the windows table.
+- `key_windows`: sliding windows of size p = `window_ms` and slide s = `slide_ms` per key,
+  computed with key windows (paper 003, Cheng 2023, §4; `keyshift.eventtime.key_windows`): one
+  update per change of a key's result, at most 2n for n events instead of up to p·n/s windows;
+  `keyshift.processing.key_window_processor.KeyWindowProcessor`; the key_windows table. That
+  processor computes count, sum and max of ONE long field, so such a spec's aggregates are sum
+  and/or max of one long field, and it publishes no derived outputs and no alerts.
 
 Column conventions the engine relies on: every job has an `event_id` (a non-negative long that
 identifies an event: duplicates are dropped by it) and an event time in epoch milliseconds UTC;
@@ -35,6 +45,12 @@ AGGREGATE_OPS: dict[str, tuple[np.ufunc, int]] = {
     "min": (np.minimum, np.iinfo(np.int64).max),
 }
 """Associative aggregate -> (numpy ufunc that merges two partials, its identity)."""
+
+WINDOWS = ("tumbling", "key_windows")
+"""The windows a spec can choose (module docstring)."""
+
+KEY_WINDOW_OPS = ("sum", "max")
+"""The aggregates key windows compute (besides count), of one long field."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +130,17 @@ class JobSpec:
         alert_columns: the value columns an alert record carries besides the key, the window
             bounds, the run and the epoch (None: every table column but the alert flag).
         topics: the job's topics.
-        window_ms: default tumbling window size, ms of event time (a run may set another).
+        window_ms: default window size p, ms of event time (a run may set another).
+        window: `tumbling` (default) or `key_windows` (sliding windows of size `window_ms` every
+            `slide_ms`, computed with key windows; module docstring).
+        slide_ms: key windows only: the slide s, ms of event time (> 0; p must be a multiple of
+            it); None for a tumbling window.
 
     Raises:
-        ConfigurationError: a field, aggregate or column the spec names is missing or mistyped.
+        ConfigurationError: a field, aggregate or column the spec names is missing or mistyped;
+            an unknown window; a `key_windows` spec without a valid slide, with aggregates other
+            than sum and/or max of one long field, or with derived outputs or an alert; a
+            tumbling spec with a slide.
     """
 
     name: str
@@ -131,6 +154,8 @@ class JobSpec:
     alert: str | None = None
     alert_columns: tuple[str, ...] | None = None
     window_ms: int = HOUR_MS
+    window: str = "tumbling"
+    slide_ms: int | None = None
     event_time: str = field(default="event_time_ms", init=False)
     event_id: str = field(default="event_id", init=False)
 
@@ -149,6 +174,34 @@ class JobSpec:
             raise ConfigurationError(f"job {self.name}: table_columns must order exactly {sorted(values)}")
         if self.alert is not None and self.outputs.get(self.alert) != "boolean":
             raise ConfigurationError(f"job {self.name}: alert {self.alert!r} must be a boolean output")
+        self._check_window()
+
+    def _check_window(self) -> None:
+        """The window choice's own rules (class docstring, Raises)."""
+        if self.window not in WINDOWS:
+            raise ConfigurationError(f"job {self.name}: unknown window {self.window!r}; use one of {', '.join(WINDOWS)}")
+        if self.window == "tumbling":
+            if self.slide_ms is not None:
+                raise ConfigurationError(f"job {self.name}: slide_ms is for window='key_windows'; a tumbling window slides by its size")
+            return
+        from keyshift.eventtime.key_windows import SlidingWindow
+
+        if self.slide_ms is None:
+            raise ConfigurationError(f"job {self.name}: key windows need slide_ms, the slide s in ms of event time")
+        SlidingWindow(self.window_ms, self.slide_ms)  # raises for s <= 0 or p not a multiple of s
+        ops = [a.op for a in self.aggregates]
+        fields = {a.field for a in self.aggregates}
+        if not ops or any(op not in KEY_WINDOW_OPS for op in ops) or len(set(ops)) != len(ops) or len(fields) != 1:
+            got = ", ".join(f"{a.op}({a.field})" for a in self.aggregates) or "none"
+            raise ConfigurationError(
+                f"job {self.name}: key windows compute count plus sum and/or max of ONE long field; got aggregates {got}. "
+                "Use window='tumbling' for other aggregates"
+            )
+        if self.outputs or self.alert is not None:
+            raise ConfigurationError(
+                f"job {self.name}: key windows publish count, sum and max updates only; drop the outputs "
+                f"{sorted(self.outputs)} and the alert {self.alert!r}, or use window='tumbling'"
+            )
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -167,6 +220,19 @@ class JobSpec:
         if self.alert_columns is not None:
             return self.alert_columns
         return tuple(c for c in self.table_columns if c != self.alert)
+
+    @property
+    def key_windows(self) -> bool:
+        """True when the spec computes sliding windows with key windows (`window == "key_windows"`)."""
+        return self.window == "key_windows"
+
+    @property
+    def value_field(self) -> str:
+        """Key windows: the one long field summed and maxed (the column `KeyWindowProcessor`
+        reads as its value). Raises ConfigurationError for a tumbling spec."""
+        if not self.key_windows:
+            raise ConfigurationError(f"job {self.name}: a tumbling window has no single value field")
+        return self.aggregates[0].field
 
     @property
     def aggregate_names(self) -> tuple[str, ...]:
