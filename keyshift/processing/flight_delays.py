@@ -3,7 +3,7 @@
 source (Kafka rows) -> parse & validate (the job spec's record rules) -> keep this run's records
 -> event-time plausibility (implausible events become dead letters before the watermark can see
 them) -> dead-letter payload -> event-time watermark -> drop end-of-input markers
--> Local Merge: partials per (key, window) and the slot token from the assignment (mapInPandas)
+-> Local Merge: partials per (key, window) and the slot token from the assignment (mapInArrow)
 -> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids)
 
 A spec with `window="key_windows"` (sliding windows, paper 003) shares everything up to the
@@ -242,7 +242,7 @@ def flight_delay_stream(
         check_key_window_run(spec, config.split, policy)
         return key_window_stream(events.select(*input_columns(spec)), spec, config.strategy, config.partitions, config.window_ms,
                                  policy, config.assignment, store, watermark_floor_ms, initial_state)
-    partials = events.select(*input_columns(spec)).mapInPandas(
+    partials = events.select(*input_columns(spec)).mapInArrow(
         local_merge_function(
             spec,
             config.strategy, config.partitions, config.window_ms, config.assignment,
