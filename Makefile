@@ -1,7 +1,8 @@
 # keyshift: two commands on a fresh machine.
 #   make demo   create the environment, fetch what is missing, start the local stack,
 #               run the flight delay job on all 3,000,000 real flights, print the summary
-#   make test   same set-up, then the whole test suite against the real stack
+#   make test   same set-up, then the test suite against the real stack (CI runs this)
+#   make test-all  also the tests marked slow (more fault points, the overload test)
 # Both are idempotent: a second run reuses the environment, jars, data and running services.
 
 PYTHON ?= python3.11
@@ -12,7 +13,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: env setup stack demo test unit clean-state
+.PHONY: env setup stack demo test test-all unit clean-state
 
 env: $(STAMP)
 
@@ -37,6 +38,9 @@ demo: stack
 
 test: stack
 	$(BIN)/python -m pytest -ra --durations=20 tests
+
+test-all: stack
+	$(BIN)/python -m pytest -ra --durations=20 --run-slow tests
 
 unit: env
 	$(BIN)/python -m pytest -ra tests/unit tests/dags

@@ -17,6 +17,22 @@ import pytest
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (more fault points of the same mechanisms; `make test-all`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `slow` repeat a mechanism another test already proves at one more fault point
+    or load level; `make test` (CI) skips them to keep the suite's time, `make test-all` runs them."""
+    if config.getoption("--run-slow") or os.environ.get("KEYSHIFT_RUN_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with `make test-all` (pytest --run-slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def settings():
     """The default settings: the local stack that `keyshift stack up` starts."""

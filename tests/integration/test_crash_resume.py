@@ -177,7 +177,12 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
+SLOW_FAULTS = ("between_batches", "during_final_flush")
+"""Kill points skipped by `make test` (the other two cover a crash inside a batch and between a
+batch's outputs and its commit); `make test-all` runs all four."""
+
+
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_FAULTS else f for f in FAULTS])
 def test_kill_9_then_resume_equals_the_clean_run(stack_settings, oracle, fault, tmp_path):
     failpoint, observe = FAULTS[fault]
     topic = run_id = _fresh_topic(stack_settings, fault.replace("_", "-"))
@@ -216,7 +221,7 @@ def test_kill_9_then_resume_equals_the_clean_run(stack_settings, oracle, fault, 
           f"{batches_before} batches recorded before the crash; reconciled {summary['events_read']} events")
 
 
-@pytest.mark.parametrize("service", ["kafka", "redis"])
+@pytest.mark.parametrize("service", ["kafka", pytest.param("redis", marks=pytest.mark.slow)])
 def test_a_service_restarted_mid_run_costs_nothing(stack_settings, oracle, service, tmp_path):
     """`keyshift stack` stops the broker (or Redis) while batch 3 runs and starts it again 5 s
     later: the job waits, reconnects and ends with the oracle's table, counts and side outputs.

@@ -57,6 +57,7 @@ def _monitored_lag(settings, topic: str, run_id: str) -> int | None:
     return lag["total"] if lag else None
 
 
+@pytest.mark.slow
 def test_lag_grows_under_twice_the_sustained_rate_then_drains_and_nothing_is_lost(stack_settings, tmp_path):
     from keyshift.data.replay import replay_flights
     from keyshift.topics import create_topics, end_offsets

@@ -38,7 +38,12 @@ def small_oracle(stack_settings, tmp_path_factory):
     return run_oracle(stack_settings, tmp_path_factory, FLIGHTS, PER_TRIGGER)
 
 
-@pytest.mark.parametrize("step", STEPS)
+SLOW_STEPS = ("stopped", "segment")
+"""Steps skipped by `make test` (migrated and published cover a crash before and after the new
+assignment is in force); `make test-all` runs all four."""
+
+
+@pytest.mark.parametrize("step", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_STEPS else s for s in STEPS])
 def test_kill_9_at_a_switch_step_then_switch_again(stack_settings, small_oracle, step, tmp_path):
     from keyshift.migration.switch import SwitchControl
 
