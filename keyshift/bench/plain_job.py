@@ -9,8 +9,9 @@ engineer writes it from the Structured Streaming guide, and nothing more:
        .agg(count, sum(delay_min), max(delay_min))
     -> Parquet sink, append mode, `trigger(availableNow=True)`
 
-Set up as well as a user would: `spark.sql.shuffle.partitions` = P (not the default 200), the
-default state store, the same driver memory and connector jars as keyshift's job. It has no
+Set up as well as a user would, and as DESIGN.md measured it: `spark.sql.shuffle.partitions` =
+P (not the default 200), the RocksDB state store, the same driver memory and connector jars as
+keyshift's job. It has no
 dead-letter output, no late output, no accounting, no placement and no migratable state: what
 keyshift adds must not cost throughput against this (issue "Throughput").
 
@@ -127,13 +128,14 @@ def run_plain_job(spark: SparkSession, bootstrap_servers: str, topic: str, out_d
 def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -> None:
     """Run the plain job once and print its figures as one JSON line."""
     from keyshift.processing.driver import PeakMemorySampler, driver_jvm_pid
-    from keyshift.processing.session import build_spark_session
+    from keyshift.processing.session import ROCKSDB_PROVIDER, build_spark_session
     from keyshift.settings import Settings
     from keyshift.stack.spark import connector_jars
 
     settings = Settings()
     conf = {
         "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.memory": "4g",
         "spark.ui.showConsoleProgress": "false",
