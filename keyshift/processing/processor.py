@@ -8,7 +8,9 @@ token per micro-batch with all of that slot's rows (DESIGN.md: group by slot tok
 batch vectorized, touch state per key per batch, never per event). Its input is partial
 aggregates per (origin, window) made before the shuffle (`keyshift.processing.local_merge`).
 Per key (origin) it keeps the pending, not yet final windows in a MapState keyed by the origin,
-with the ids of their events; one `getValue` and one `updateValue` per touched key per batch.
+with the ids of their events; per slot and batch one `keys()` listing of each map (so a key without
+state costs no read: Spark's state server logs a warning for every read of a missing key), then
+one `getValue` per touched key that has state and one `updateValue` per touched key.
 
 Duplicated event ids. A duplicate is an event whose `event_id` the same key has already
 delivered inside the dedup horizon: an earlier micro-batch's event still in one of the key's
@@ -438,8 +440,9 @@ class KeyedWindowProcessor(StatefulProcessor):
             names = np.array([self._clock_key(k) for k in keys], dtype=object)
             codes, distinct = pd.factorize(names)
             clocks: dict[str, KeyClock | None] = {}
+            present = {name for (name,) in self._clocks.keys()}  # one listing: no read of a missing key
             for name in distinct:
-                value = self._clocks.getValue((name,))
+                value = self._clocks.getValue((name,)) if name in present else None
                 clocks[name] = KeyClock.from_value(value) if value is not None else None
             existed = {name: clock is not None for name, clock in clocks.items()}
             before = np.array([c.watermark_ms(fallback_ms) if c is not None else fallback_ms for c in clocks.values()], np.int64)
@@ -588,11 +591,14 @@ class KeyedWindowProcessor(StatefulProcessor):
 
         touched, duplicate_indices = [], []
         values_of_events = None  # the aggregated fields per event, flattened only when some key has a duplicate
+        # one listing of the slot's keys, so a key without pending windows costs no read (Spark's
+        # state server logs a warning for every read of a missing key)
+        present = {k for (k,) in self._pending.keys()}
         for lo, hi in zip(group_starts, group_ends):
             key = keys[lo]
             e_lo, e_hi = event_bounds[lo], event_bounds[hi]
             ids = events[e_lo:e_hi]
-            existing = self._pending.getValue((key,))
+            existing = self._pending.getValue((key,)) if key in present else None
             old = unpack_pending(existing[0], self._n) if existing is not None else None
             old_ids = np.frombuffer(existing[1], dtype=np.int64) if existing is not None else np.empty(0, np.int64)
             duplicate = repeated[e_lo:e_hi] | np.isin(ids, old_ids)
