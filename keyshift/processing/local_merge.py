@@ -94,6 +94,24 @@ def row_tokens(
     return place_events(key_codes, event_ids, per_key, pieces)
 
 
+def partial_groups(key_codes: np.ndarray, starts: np.ndarray, event_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How events fall into partials: one partial per (key, window start, token).
+
+    Args:
+        key_codes, starts, event_tokens: one int array each, one element per event (key index,
+            window start in ms of event time, slot token).
+
+    Returns:
+        (order: the events sorted by key code, window start, token; boundary: positions in
+        `order` where a new partial begins, the first excluded; first: every partial's first
+        position, 0 included).
+    """
+    order = np.lexsort((event_tokens, starts, key_codes))
+    codes, begins, tokens = key_codes[order], starts[order], event_tokens[order]
+    boundary = np.flatnonzero((np.diff(codes) != 0) | (np.diff(begins) != 0) | (np.diff(tokens) != 0)) + 1
+    return order, boundary, np.concatenate(([0], boundary))
+
+
 def partials_of(
     events: pd.DataFrame,
     spec: JobSpec,
@@ -144,12 +162,8 @@ def partials_of(
         key_codes, key_names = pd.factorize(keys)
         event_ids = valid[spec.event_id].to_numpy(np.int64)
         event_tokens = row_tokens(key_codes, key_names, event_ids, token_of, split_tokens)
-        order = np.lexsort((event_tokens, starts, key_codes))
+        order, boundary, first = partial_groups(key_codes, starts, event_tokens)
         codes_sorted, starts_sorted, tokens_sorted = key_codes[order], starts[order], event_tokens[order]
-        boundary = np.flatnonzero(
-            (np.diff(codes_sorted) != 0) | (np.diff(starts_sorted) != 0) | (np.diff(tokens_sorted) != 0)
-        ) + 1
-        first = np.concatenate(([0], boundary))
 
         def lists(values: np.ndarray) -> list[np.ndarray]:
             return np.split(values[order], boundary)
@@ -281,12 +295,8 @@ def partials_arrow(
         event_ids = valid.column(spec.event_id).to_numpy().astype(np.int64)
         starts = window_starts_ms(times, window_ms)
         event_tokens = row_tokens(key_codes, key_names.to_pylist(), event_ids, token_of, split_tokens)
-        order = np.lexsort((event_tokens, starts, key_codes))
+        order, boundary, first = partial_groups(key_codes, starts, event_tokens)
         codes_sorted, starts_sorted, tokens_sorted = key_codes[order], starts[order], event_tokens[order]
-        boundary = np.flatnonzero(
-            (np.diff(codes_sorted) != 0) | (np.diff(starts_sorted) != 0) | (np.diff(tokens_sorted) != 0)
-        ) + 1
-        first = np.concatenate(([0], boundary))
         offsets = pa.array(np.concatenate((first, [n])).astype(np.int32))
         take = pa.array(order)
         m = len(first)
