@@ -162,19 +162,24 @@ def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None =
     Returns 0 when the query committed no batch. `aggregates`: the job spec's number of
     aggregates (the pending windows' packed layout; 2 for the flights).
     """
-    if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
+    state = read_state_variable(spark, checkpoint, PENDING_STATE_NAME, batch_id)
+    if state is None:
         return 0
+    partials = state.select("user_map_value.partials").toPandas()["partials"]
+    return int(sum(unpack_pending(blob, aggregates)[1].sum() for blob in partials))
+
+
+def read_state_variable(spark: SparkSession, checkpoint: Path, name: str, batch_id: int | None = None):
+    """One state variable of a query's checkpoint, read with Spark's state data source at its last
+    committed batch (or `batch_id`): a DataFrame (MapState flattened to `key`/`user_map_key`/
+    `user_map_value` rows), or None when the query committed no batch."""
+    if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
+        return None
     spark.streams.active  # noqa: B018 - creates the state store coordinator the reader's tasks ask for
-    reader = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", PENDING_STATE_NAME)
+    reader = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", name)
     if batch_id is not None:
         reader = reader.option("batchId", int(batch_id))
-    state = (
-        reader
-        .load()
-        .select("user_map_value.partials")
-        .toPandas()
-    )
-    return int(sum(unpack_pending(blob, aggregates)[1].sum() for blob in state["partials"]))
+    return reader.load()
 
 
 def _iso_to_ms(text: str | None) -> int | None:

@@ -72,13 +72,12 @@ def kept_events(spark, checkpoint: Path, batch_id: int | None = None) -> int:
     """Events kept in a key-window query's state at its last committed batch (or `batch_id`),
     read with Spark's state data source (MapState `key_window_state`: 48 + 16·n bytes per key).
     0 when the query committed no batch."""
-    if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
+    from keyshift.processing.driver import read_state_variable
+
+    state = read_state_variable(spark, checkpoint, WINDOW_STATE_NAME, batch_id)
+    if state is None:
         return 0
-    spark.streams.active  # noqa: B018 - creates the state store coordinator the reader's tasks ask for
-    reader = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", WINDOW_STATE_NAME)
-    if batch_id is not None:
-        reader = reader.option("batchId", int(batch_id))
-    states = reader.load().select("user_map_value.state").toPandas()["state"]
+    states = state.select("user_map_value.state").toPandas()["state"]
     return int(sum((len(data) - STATE_HEADER_BYTES) // STATE_BYTES_PER_EVENT for data in states))
 
 
