@@ -32,7 +32,8 @@ Each configuration runs twice on each level (once without the backfill, `BenchSe
    sends it to its own process; it must run in the main thread).
 2. **backfill run** (events per second): a topic filled with the same N flights in the same
    arrival order before the job starts (as fast as the replay can, one topic per level), read by
-   a bounded run in micro-batches of `per_trigger` records (default N/4).
+   a bounded run in micro-batches of `per_trigger` records (default N/10, so that nine
+   micro-batches after the first are measured).
 
 Before the first configuration one bounded warm-up run (key mode, min(N, 20,000) flights, not
 reported) takes the JVM's first-query costs out of the first measured run.
@@ -49,9 +50,12 @@ Definitions (every figure of a row is of its paced run unless said otherwise):
   `events_per_second_whole_run` is the summary's figure (events read / seconds from the query's
   start to its last batch), start-up included. `backfill_late_events` are the backfill run's
   late events (a backfill is read partition by partition at different event-time speeds, so
-  `global` loses more there than on the paced feed). Each backfill run is done `backfill_repeats`
-  times (default 2) and the fastest one is reported (other jobs on a shared machine only slow a
-  run down); `backfill.repeats` lists them all.
+  `global` loses more there than on the paced feed). Each level's backfill runs come in
+  `backfill_repeats` rounds (default 3), each round running every configuration once in turn, so
+  a slow spell of the machine falls on all configurations alike; a row reports the median of its
+  configuration's runs, `backfill.repeats` lists them all and `backfill.events_per_second_range`
+  their min and max. (Two runs of one configuration differed by up to 20 % on this 2-core
+  machine, more than the modes differ, so one run or the fastest of two cannot rank them.)
 * **output latency** of a window (origin o, [start, end)):
   - W, when it was written: the modification time of the windows file of the micro-batch that
     emitted it (`runs/<run_id>/windows/part-<batch>.parquet`, written by the sink before the
@@ -175,9 +179,8 @@ STATE_SAMPLES = 3
 """Micro-batches of a paced run whose state is read back (evenly spaced), besides the one with
 the most state rows."""
 
-BACKFILL_REPEATS = 2
-"""Backfill runs per configuration: the fastest counts (other jobs on a shared machine only ever
-slow a run down)."""
+BACKFILL_REPEATS = 3
+"""Backfill rounds per level (every configuration once per round); a row reports its median."""
 
 WARMUP_FLIGHTS = 20_000
 """Flights of the warm-up run (at most N)."""
@@ -196,7 +199,7 @@ class BenchSettings:
         state_samples: >= 1. warmup: run the warm-up first. keep_topics: keep the bench's topics.
         backfill: also run each configuration on a backfill (events per second); without it the
             rows' throughput fields are None.
-        backfill_repeats: backfill runs per configuration (>= 1); the fastest one is reported.
+        backfill_repeats: backfill rounds per level (>= 1); a row reports the median of its runs.
     """
 
     flights: int = FLIGHTS
@@ -216,8 +219,8 @@ class BenchSettings:
 
     @property
     def backfill_per_trigger(self) -> int:
-        """Records per micro-batch of a backfill run: `per_trigger`, or N/4 (at least 1)."""
-        return self.per_trigger or max(1, self.flights // 4)
+        """Records per micro-batch of a backfill run: `per_trigger`, or N/10 (at least 1)."""
+        return self.per_trigger or max(1, self.flights // 10)
 
     def check(self) -> None:
         """Raise ConfigurationError for a value out of range, an unknown mode or a bad disorder."""
@@ -796,6 +799,10 @@ class WatermarkBench:
         return compare_to_reference(windows_dir, reference)
 
 
+_THROUGHPUT_FIELDS = ("events_per_second", "events_per_second_whole_run", "backfill_late_events", "backfill_late_fraction", "backfill")
+"""A row's fields measured on the backfill runs (`_row`)."""
+
+
 def _row(mode: str, disorder: float, paced: Mapping[str, Any], backfill: Mapping[str, Any] | None) -> dict[str, Any]:
     """A report row: the issue's fields first, then the rest."""
     row = {
@@ -815,10 +822,10 @@ def _row(mode: str, disorder: float, paced: Mapping[str, Any], backfill: Mapping
     return row
 
 
-def run_configuration(bench: WatermarkBench, mode: str, disorder: float, backfill_topic: str | None,
-                      global_row: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Both runs of one (mode, level); for `global_lossless` the paced run is repeated with a
-    larger bound while it loses events (module docstring)."""
+def run_configuration(bench: WatermarkBench, mode: str, disorder: float, global_row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The paced run of one (mode, level), as a report row without throughput (`add_backfill`
+    fills it in); for `global_lossless` the paced run is repeated with a larger bound while it
+    loses events (module docstring)."""
     c = bench.config
     attempts: list[dict[str, Any]] = []
     if mode != "global_lossless":
@@ -838,20 +845,44 @@ def run_configuration(bench: WatermarkBench, mode: str, disorder: float, backfil
             break
         bound = max(lossless_bound_ms(int(paced["needed_bound_ms"])), 2 * bound)
         bench.say(f"  global_lossless lost {paced['late_events']:,} events; again with {bound:,} ms")
-    backfill = None
-    if backfill_topic is not None:
-        runs = []
-        for repeat in range(1, c.backfill_repeats + 1):
-            bench.say(f"  {mode} disorder {disorder:g}: backfill run {repeat}/{c.backfill_repeats}")
-            runs.append(bench.backfill_run(backfill_topic, mode, disorder, bound, repeat))
-        measured = [r for r in runs if r["events_per_second"] is not None]
-        backfill = dict(max(measured, key=lambda r: r["events_per_second"]) if measured else runs[0])
-        backfill["repeats"] = [{k: r[k] for k in ("run_id", "events_per_second", "events_per_second_whole_run", "late_events")}
-                               for r in runs]
-    row = _row(mode, disorder, paced, backfill)
+    row = _row(mode, disorder, paced, None)
     if mode == "global_lossless":
         row.update(bound_source=source, lossless_attempts=attempts, lossless=paced["late_events"] == 0)
     return row
+
+
+def backfill_rounds(bench: WatermarkBench, rows: Sequence[Mapping[str, Any]], disorder: float, topic: str) -> dict[str, list[dict[str, Any]]]:
+    """The backfill runs of one level: `backfill_repeats` rounds, each running every
+    configuration once in the rows' order (so a slow spell of the machine falls on all of them,
+    not on one configuration's repeats), each with the bound of its paced run.
+
+    Returns:
+        mode -> its backfill runs, in round order (`WatermarkBench.backfill_run` results).
+    """
+    c = bench.config
+    runs: dict[str, list[dict[str, Any]]] = {row["mode"]: [] for row in rows}
+    for repeat in range(1, c.backfill_repeats + 1):
+        for row in rows:
+            bench.say(f"  {row['mode']} disorder {disorder:g}: backfill run {repeat}/{c.backfill_repeats}")
+            runs[row["mode"]].append(bench.backfill_run(topic, row["mode"], disorder, row["bound_ms"], repeat))
+    return runs
+
+
+def median_run(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run whose steady events per second is the median of `runs` (the lower middle one of
+    an even count; runs without a figure are left out, or the first run when none has one), with
+    `repeats` (every run's figures) and `events_per_second_range` ([min, max]) added."""
+    measured = sorted((r for r in runs if r["events_per_second"] is not None), key=lambda r: r["events_per_second"])
+    chosen = dict(measured[(len(measured) - 1) // 2] if measured else runs[0])
+    chosen["repeats"] = [{k: r[k] for k in ("run_id", "events_per_second", "events_per_second_whole_run", "late_events")} for r in runs]
+    chosen["events_per_second_range"] = [measured[0]["events_per_second"], measured[-1]["events_per_second"]] if measured else None
+    return chosen
+
+
+def add_backfill(row: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """`row` (from `run_configuration`) with the throughput of its backfill runs (`median_run`)."""
+    paced = {k: v for k, v in row.items() if k not in _THROUGHPUT_FIELDS}
+    return _row(row["mode"], row["disorder"], paced, median_run(runs))
 
 
 def evaluate_targets(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -986,17 +1017,24 @@ def run_watermark_bench(
                 bench.warm_up()
             for disorder in config.disorders:
                 topic = bench.backfill_topic(disorder) if config.backfill else None
+                level: list[dict[str, Any]] = []
                 for mode in modes:
-                    say(f"configuration {len(rows) + 1}/{total}: {mode}, disorder {disorder:g}")
-                    global_row = next((r for r in rows if r["mode"] == "global" and r["disorder"] == disorder), None)
-                    row = run_configuration(bench, mode, disorder, topic, global_row)
-                    rows.append(row)
+                    say(f"configuration {len(rows) + len(level) + 1}/{total}: {mode}, disorder {disorder:g} (paced run)")
+                    global_row = next((r for r in level if r["mode"] == "global"), None)
+                    level.append(run_configuration(bench, mode, disorder, global_row))
+                    partial = rows + level
                     out.parent.mkdir(parents=True, exist_ok=True)  # what is measured so far survives a later failure
-                    out.write_text(json.dumps({"rows": rows, "partial": True}, indent=1, default=str) + "\n")
-                    say(f"  -> late {row['late_events']:,} ({row['late_fraction']:.4f}; backfill {row['backfill_late_events']}), "
-                        f"{row['events_per_second']} events/s, latency p50 "
+                    out.write_text(json.dumps({"rows": partial, "partial": True}, indent=1, default=str) + "\n")
+                if topic is not None:
+                    runs = backfill_rounds(bench, level, disorder, topic)
+                    level = [add_backfill(row, runs[row["mode"]]) for row in level]
+                for row in level:
+                    say(f"  {row['mode']} disorder {disorder:g} -> late {row['late_events']:,} ({row['late_fraction']:.4f}; backfill "
+                        f"{row['backfill_late_events']}), {row['events_per_second']} events/s (median of {config.backfill_repeats}), latency p50 "
                         f"{row['latency_p50_s']} s p95 {row['latency_p95_s']} s, state {row['state_bytes']} B, E {row['performance_ratio_E']},"
                         f" windows equal to pandas: {row['windows_equal_reference']}")
+                rows.extend(level)
+                out.write_text(json.dumps({"rows": rows, "partial": True}, indent=1, default=str) + "\n")
                 bench.drop_topics()
     finally:
         if bench is not None:
@@ -1019,8 +1057,8 @@ def run_watermark_bench(
                        "kafka-python); windows without F excluded and counted (windows_without_final_time)",
             "state_bytes": "peak over sampled batches of the state rows' bytes read with the statestore reader (pending_windows + "
                            "key_clocks: grouping key + map key + map value; strings/binaries at length, longs 8, ints 4; timers not counted)",
-            "events_per_second": "backfill run (fastest of backfill_repeats): input rows / batch durations over the batches after "
-                                 "the first that read rows",
+            "events_per_second": "backfill runs (median of backfill_repeats rounds, each round running every configuration "
+                                 "once): input rows / batch durations over the batches after the first that read rows",
             "performance_ratio_E": "sum of window counts / sum of latencies (negative as 0), over windows with a latency",
             "late_fraction": "late events (to flights-late, counted) / events read, paced run",
         },

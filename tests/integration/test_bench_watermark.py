@@ -25,7 +25,7 @@ def test_key_and_global_at_two_disorder_levels_report_the_issue_shape(stack_sett
 
     out = tmp_path / "watermark.json"
     config = BenchSettings(flights=FLIGHTS, rate=5_000.0, partitions=4, disorders=(0.0, 0.5), modes=("key", "global"),
-                           state_samples=1, warmup=False)
+                           state_samples=1, warmup=False, backfill_repeats=2)
     report = run_watermark_bench(stack_settings, out, config, spark=spark, progress=False)
 
     assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(report["rows"], default=str))
@@ -40,6 +40,10 @@ def test_key_and_global_at_two_disorder_levels_report_the_issue_shape(stack_sett
         assert 0 <= row["latency_p50_s"] <= row["latency_p95_s"]
         assert row["latency_windows"] > 0 and row["windows_without_final_time"] > 0  # each origin's last windows
         assert row["windows_equal_reference"] is True, row["reference"]  # what was not late, counted exactly
+        repeats = row["backfill"]["repeats"]  # one run per round, the rounds interleaving the configurations
+        assert [r["run_id"].endswith("backfill") for r in repeats] == [True, False] and len({r["run_id"] for r in repeats}) == 2
+        low, high = row["backfill"]["events_per_second_range"]
+        assert low <= row["events_per_second"] <= high and {low, high} == {r["events_per_second"] for r in repeats}
     assert rows[("global", 0.5)]["disorder_achieved"] == pytest.approx(0.5, abs=0.02)
     # every source keeps its own order: key-level watermarks make nothing late, paced or backfilled
     for disorder in (0.0, 0.5):
