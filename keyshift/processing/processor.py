@@ -30,8 +30,7 @@ a key split by hot_split, the piece is a function of the event id, so copies mee
 
 Output rows are tagged by `kind`:
 - `window`: a final window [start, start + size) of a key, with count, the aggregates and the
-  outputs of the spec's rule, emitted once when the watermark
-  passes its end (an event-time timer at `end - 1`, since Spark fires timers at expiry < watermark);
+  outputs of the spec's rule, emitted once when the watermark passes its end;
 - `late`: an event whose window had already closed when it arrived (window end <= watermark);
 - `dead_letter`: a record that failed validation, passed through with its reason and raw payload,
   or a duplicated event (reason `duplicate event_id`, with its fields);
@@ -46,6 +45,14 @@ watermark passes its end (timers); in `key`, `nkey` and `dynamic` mode lateness 
 (or group) against the watermark its clock (MapState `key_clocks`) held before the batch, the
 clocks then advance with the batch's events, and the key's windows its new watermark passes close
 in the same call; timers close what the fallback passes (silent keys, end of input).
+
+Timers: each slot keeps **one** event-time timer, at its earliest wake-up: the smallest end of
+its pending windows, or in a per-key mode the earliest watermark at which a clock becomes
+redundant, if sooner (Spark fires a timer once its watermark W > expiry, so the timer is at
+wake-up - 1). A timer pass closes everything due on the slot and sets the next timer; new windows
+set an earlier one only when they end before every timer pending. A timer per window end (one
+per hour of event time a batch spans, about 700 per slot per 250,000-flight batch, each
+registered, listed, fired and deleted over the state server) cost more than the windows' state.
 So that for every batch: input rows = Σ `load.count` and, over a run, events read =
 Σ window counts + late + dead letters.
 """
@@ -379,21 +386,32 @@ class KeyedWindowProcessor(StatefulProcessor):
         touched_starts, duplicates = self._fold(partials)
         if duplicates is not None:
             yield self._duplicates(partials, duplicates, slot)
-        self._register_timers(touched_starts, spark_watermark_ms)
+        self._schedule(int(touched_starts.min()) + self._window_ms if len(touched_starts) else None, spark_watermark_ms)
 
-    def _register_timers(self, starts: np.ndarray, spark_watermark_ms: int) -> None:
-        """Event-time timers that close the windows starting at `starts` when Spark's watermark
-        passes their end (one `listTimers` call per slot and batch)."""
-        if not len(starts):
+    def _schedule(self, wake_ms: int | None, spark_watermark_ms: int) -> None:
+        """Keep an event-time timer of this slot at or before `wake_ms` (module docstring).
+
+        Args:
+            wake_ms: the earliest watermark (ms of event time) at which something on this slot
+                becomes due (a window end, a clock's own watermark); None: nothing pending.
+            spark_watermark_ms: Spark's current watermark W: a timer fires once W > its expiry,
+                and one at or below W cannot be registered, so the timer is at wake_ms - 1, or
+                W + 1 when that is not above W.
+
+        One `listTimers` call; nothing is registered when a timer in (W, expiry] is pending.
+        """
+        if wake_ms is None:
             return
-        registered = set(self._handle.listTimers())
-        for end in np.unique(starts) + self._window_ms:
-            # fires once the watermark passes end - 1, i.e. reaches end; a timer at or below the
-            # current watermark cannot be registered, so the one window ending at watermark + 1
-            # gets `end` (it then closes with the next watermark step past its end)
-            expiry = int(end) - 1 if int(end) - 1 > spark_watermark_ms else int(end)
-            if expiry not in registered:
-                self._handle.registerTimer(expiry)
+        expiry = max(int(wake_ms) - 1, spark_watermark_ms + 1)
+        if any(spark_watermark_ms < t <= expiry for t in self._handle.listTimers()):
+            return
+        self._handle.registerTimer(expiry)
+
+    @staticmethod
+    def _earliest(*candidates: int | None) -> int | None:
+        """The smallest of the candidates that are not None (None if all are)."""
+        present = [c for c in candidates if c is not None]
+        return min(present) if present else None
 
     def _clock_key(self, key: str) -> str:
         """The clock holding `key`'s watermark (itself, or its nkey group), cached."""
@@ -402,13 +420,15 @@ class KeyedWindowProcessor(StatefulProcessor):
             name = self._clock_keys[key] = watermark_key(key, self._policy)
         return name
 
-    def _store_clock(self, name: str, clock: KeyClock, fallback_ms: int, existed: bool) -> None:
-        """Write a clock back, or free it when it no longer raises its key above the fallback."""
+    def _store_clock(self, name: str, clock: KeyClock, fallback_ms: int, existed: bool) -> bool:
+        """Write a clock back, or free it when it no longer raises its key above the fallback.
+        Returns whether it was kept."""
         if clock.redundant(fallback_ms):
             if existed:
                 self._clocks.removeKey((name,))
-        else:
-            self._clocks.updateValue((name,), clock.as_value())
+            return False
+        self._clocks.updateValue((name,), clock.as_value())
+        return True
 
     def _key_level_input(
         self, token: int, slot: int, rows: Iterator[pd.DataFrame], spark_watermark_ms: int, fallback_ms: int
@@ -469,12 +489,16 @@ class KeyedWindowProcessor(StatefulProcessor):
                 touched_starts, duplicates = self._fold(open_partials, close_at)
                 if duplicates is not None:
                     yield self._duplicates(open_partials, duplicates, slot)
-                self._register_timers(touched_starts, spark_watermark_ms)
+                wake = int(touched_starts.min()) + self._window_ms if len(touched_starts) else None
+            else:
+                wake = None
             for k, starts, *_ in self._closing:
                 name = self._clock_key(k)
                 clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
             for name, clock in clocks.items():
-                self._store_clock(name, clock, fallback_ms, existed[name])
+                if self._store_clock(name, clock, fallback_ms, existed[name]):
+                    wake = self._earliest(wake, clock.own_watermark_ms())
+            self._schedule(wake, spark_watermark_ms)
             touched = list(pd.unique(keys))
             yield self._watermark_rows(slot, partition_id, touched, [after[self._clock_key(k)] for k in touched], fallback_ms)
         if self._closing:
@@ -486,13 +510,20 @@ class KeyedWindowProcessor(StatefulProcessor):
         """Every clock of this slot (one MapState iteration)."""
         return {name: KeyClock.from_value(value) for (name,), value in list(self._clocks.iterator())}
 
-    def _close_pending(self, watermark_of) -> None:
+    def _close_pending(self, watermark_of) -> int | None:
         """Close, in `self._closing`, every pending window of this slot whose key's watermark
-        (`watermark_of(key)`, ms) has reached its end; what stays open is written back."""
+        (`watermark_of(key)`, ms) has reached its end; what stays open is written back.
+
+        Returns:
+            The smallest end (ms of event time) of the windows that stay open, None if none does.
+        """
+        wake = None
         for (key,), (blob, id_blob) in list(self._pending.iterator()):
             watermark = watermark_of(key)
             starts, counts, aggregates = unpack_pending(blob, self._n)
             closed = starts + self._window_ms <= watermark
+            if not closed.all():
+                wake = self._earliest(wake, int(starts[~closed].min()) + self._window_ms)
             if not closed.any():
                 continue
             self._closing.append((key, starts[closed], counts[closed], aggregates[:, closed], watermark))
@@ -502,11 +533,12 @@ class KeyedWindowProcessor(StatefulProcessor):
                 keep = ~closed
                 ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
                 self._pending.updateValue((key,), (pack_pending(starts[keep], counts[keep], aggregates[:, keep]), ids.tobytes()))
+        return wake
 
-    def _close_by_fallback(self, slot: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
+    def _close_by_fallback(self, slot: int, spark_watermark_ms: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
         """A timer fired: Spark's watermark (the fallback) passed a window end. Close every
         pending window of this slot its key's watermark has reached, free the clocks the
-        fallback made redundant."""
+        fallback made redundant, set the slot's next timer."""
         clocks = self._slot_clocks()
         partition_id = _partition_id()
         self._closing = []
@@ -515,13 +547,16 @@ class KeyedWindowProcessor(StatefulProcessor):
             clock = clocks.get(self._clock_key(key))
             return clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms
 
-        self._close_pending(watermark_of)
+        wake = self._close_pending(watermark_of)
         ends: dict[str, int] = {}
         for k, starts, *_ in self._closing:
             name = self._clock_key(k)
             ends[name] = max(ends.get(name, 0), int(starts.max()) + self._window_ms)
         for name, clock in clocks.items():
-            self._store_clock(name, close_clock(clock, ends[name]) if name in ends else clock, fallback_ms, True)
+            clock = close_clock(clock, ends[name]) if name in ends else clock
+            if self._store_clock(name, clock, fallback_ms, True):
+                wake = self._earliest(wake, clock.own_watermark_ms())
+        self._schedule(wake, spark_watermark_ms)
         if self._closing:
             closed_keys = list(dict.fromkeys(k for k, *_ in self._closing))
             watermarks = [watermark_of(k) for k in closed_keys]
@@ -713,18 +748,20 @@ class KeyedWindowProcessor(StatefulProcessor):
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        """Emit every pending window of this slot whose end the watermark has reached."""
+        """Emit every pending window of this slot whose end the watermark has reached and set
+        the slot's next timer (module docstring)."""
         token = int(key[0])
-        watermark_ms = max(timerValues.getCurrentWatermarkInMs(), self._watermark_floor_ms)
+        spark_watermark_ms = timerValues.getCurrentWatermarkInMs()
+        watermark_ms = max(spark_watermark_ms, self._watermark_floor_ms)
         if self._closed_at == (token, watermark_ms):
             return  # an earlier timer of this slot at this watermark already closed everything
         self._closed_at = (token, watermark_ms)
         slot = self._slot_of_token.get(token, -1)
         if self._policy.per_key:
-            yield from self._close_by_fallback(slot, watermark_ms)
+            yield from self._close_by_fallback(slot, spark_watermark_ms, watermark_ms)
             return
         self._closing = []
-        self._close_pending(lambda k: watermark_ms)
+        self._schedule(self._close_pending(lambda k: watermark_ms), spark_watermark_ms)
         if self._closing:
             yield self._closed_windows(slot, _partition_id(), watermark_ms)
 

@@ -208,3 +208,40 @@ def test_local_merge_partials_add_up():
     assert [list(ids) for ids in ord_partials["event_ids"]] == [list(range(6)), list(range(6, 12))]
     dead = partials[partials["dead_letter_reason"].notna()]
     assert dead["kafka_offsets"].map(list).tolist() == [[1000]]
+
+
+def _timers(tester) -> list[int]:
+    tester.handle.setGroupingKey(TOKEN)
+    return sorted(tester.handle.listTimers())
+
+
+def test_a_slot_keeps_one_timer_at_its_earliest_window_end_and_every_window_still_closes(tester):
+    # 48 hourly windows of two keys in one batch: one timer, at the first window's end - 1
+    events = [(origin, T0 + h * HOUR_MS + 7, h) for h in range(48) for origin in ("ORD", "LGA")]
+    tester.testInPandas(TOKEN, rows(*events))
+    assert _timers(tester) == [T0 + HOUR_MS - 1]
+    # a later batch whose windows end later adds no timer
+    tester.testInPandas(TOKEN, rows(("ORD", T0 + 60 * HOUR_MS, 1), ids=[1000]))
+    assert _timers(tester) == [T0 + HOUR_MS - 1]
+    # a pass closes what is due and sets the next timer at the next window end
+    closed = kind(tester.setWatermark(T0 + 10 * HOUR_MS), "window")
+    assert sorted(set(closed["window_start_ms"])) == [T0 + h * HOUR_MS for h in range(10)] and len(closed) == 20
+    assert _timers(tester) == [T0 + 11 * HOUR_MS - 1]
+    rest = kind(tester.setWatermark(T0 + 100 * HOUR_MS), "window")
+    assert len(rest) == 2 * 38 + 1 and rest["count"].sum() == 77
+    assert _timers(tester) == []  # nothing pending, no timer
+
+
+def test_in_key_mode_the_slot_timer_is_the_earliest_clock_or_window_wake_up():
+    from keyshift.eventtime.watermarks import WatermarkPolicy
+
+    bound = 100 * HOUR_MS  # no key's own watermark passes a window of this batch: all stay pending
+    tester = TwsTester(KeyedWindowProcessor(FLIGHT_DELAYS, TOKENS, policy=WatermarkPolicy(mode="key", bound_ms=bound)),
+                       timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
+    tester.testInPandas(TOKEN, rows(*[(o, T0 + h * HOUR_MS + 7, h) for h in range(48) for o in ("ORD", "LGA")]))
+    # each clock's own watermark (max - bound) is below its windows' ends: the earliest one wakes the slot
+    own = T0 + 47 * HOUR_MS + 7 - bound
+    assert _timers(tester) == [own - 1]
+    closed = kind(tester.setWatermark(T0 + 100 * HOUR_MS), "window")  # the fallback passes everything
+    assert len(closed) == 96 and closed["count"].sum() == 96
+    assert _timers(tester) == [] and list(tester.handle.getMapState("key_clocks", None, None).keys()) == []
