@@ -29,6 +29,7 @@ class KeyshiftUIPlugin(AirflowPlugin):
             "name": "keyshift",
             "href": "keyshift/",  # relative to the UI's base URL, as Airflow asks of external views
             "url_route": "keyshift",
-            "destination": "nav",  # no category: a top-level entry of the navigation bar
+            "destination": "nav",
+            "nav_top_level": True,  # its own entry in the navigation bar, not under Plugins
         }
     ]

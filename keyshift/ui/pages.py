@@ -105,8 +105,13 @@ def run_rows(rows: Sequence[RunRow], prefix: str) -> str:
 
 def overview_page(overview: Overview) -> str:
     """The overview: every topic with its assignment, and the newest runs."""
-    topics = table(["topic", "assignment in force (Redis)"],
-                   ([link(f"./topics/{quote(t.topic, safe='')}", t.topic), _assignment(t.assignment)] for t in overview.topics))
+    def activity(topic: str) -> tuple[str, str]:
+        count, last = overview.activity.get(topic, (0, None))
+        return number(count), esc(when(last))
+
+    topics = table(["topic", "assignment in force (Redis)", "runs", "last run started (UTC)"],
+                   ([link(f"./topics/{quote(t.topic, safe='')}", t.topic), _assignment(t.assignment), *activity(t.topic)]
+                    for t in overview.topics), numeric=(2,))
     body = (
         "<h1>keyshift</h1><p class='muted'>Placement, balance, switches and data quality of keyshift's topics and runs, "
         "read from Redis and the run folders.</p>"

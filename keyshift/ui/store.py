@@ -119,13 +119,16 @@ class Overview:
     """The overview page: every topic and the most recent runs.
 
     Attributes:
-        topics: one view per topic (without monitor records), newest run first.
+        topics: one view per topic (without monitor records), the topic whose last run started
+            last first (topics without runs after them, by name).
         runs: the most recent runs over all topics, newest first.
+        activity: topic -> (runs recorded in Redis, start of the newest, epoch seconds or None).
         redis_error: why Redis could not be read ("" when it was).
     """
 
     topics: tuple[TopicView, ...]
     runs: tuple[RunRow, ...]
+    activity: Mapping[str, tuple[int, float | None]] = field(default_factory=dict)
     redis_error: str = ""
 
 
@@ -303,8 +306,16 @@ class Reader:
     def overview(self, limit: int = 30) -> Overview:
         """Every topic (assignment only) and the newest `limit` runs."""
         runs = self.runs(limit=limit)
-        topics = tuple(self.topic(t, with_monitor=False) for t in self.topic_names())
-        return Overview(topics, tuple(runs), self.redis_error)
+        activity: dict[str, tuple[int, float | None]] = {}
+        for record in self.run_records().values():
+            topic = record.get("topic")
+            if topic:
+                count, last = activity.get(topic, (0, None))
+                started = data._float_or_none(record.get("started_at"))
+                activity[topic] = (count + 1, max((t for t in (last, started) if t is not None), default=None))
+        names_ = sorted(self.topic_names(), key=lambda t: (-(activity.get(t, (0, None))[1] or 0.0), t))
+        topics = tuple(self.topic(t, with_monitor=False) for t in names_)
+        return Overview(topics, tuple(runs), activity, self.redis_error)
 
     # ---- one run ---------------------------------------------------------------------------
 
