@@ -101,7 +101,7 @@ def slot_load_svg(batches: Sequence[BatchLoad]) -> str:
         for axes in (top, heat):
             if column > 0:
                 axes.axvline(column - 0.5, color="#d62728", linestyle="--", linewidth=1.2)
-        top.annotate(label, (column - 0.4, 1.02), fontsize=8, color="#d62728" if column > 0 else "#333", va="bottom")
+        top.annotate(label, (column - 0.45, 0.06), fontsize=8, color="#d62728" if column > 0 else "#333", va="bottom")
     top.set_title("per-slot load: events per slot per micro-batch (dashed: a switch took effect)", fontsize=10, loc="left")
     return _svg(figure)
 
