@@ -222,7 +222,7 @@ def test_the_page_in_a_real_browser(api_server, ui_settings, recorded, tmp_path)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2300})
+            page = browser.new_page(viewport={"width": 1400, "height": 2650})
             page.set_default_timeout(60_000)
             # not logged in: the run page sends the browser to Airflow's login page, which returns to it
             page.goto(f"{api_server}/keyshift/runs/{run_id}")
