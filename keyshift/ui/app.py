@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from keyshift.errors import ConfigurationError
@@ -106,14 +106,15 @@ def create_app(settings: Callable[[], Settings] = Settings, login: Callable[[], 
 
     @app.get("/runs/{run_id}/data_docs/{path:path}")
     def data_docs(run_id: str, path: str) -> FileResponse:
-        base = (settings().runs_dir / run_id / "data_docs").resolve()
+        runs_dir = settings().runs_dir.resolve()
+        base = (runs_dir / run_id / "data_docs").resolve()
         target = (base / (path or "index.html")).resolve()
-        if "/" in run_id or not target.is_relative_to(base) or not target.is_file():
+        if run_id.startswith(".") or base.parent.parent != runs_dir or not target.is_relative_to(base) or not target.is_file():
             raise HTTPException(status_code=404, detail=f"no Data Docs file {path!r} for run {run_id!r}")
         return FileResponse(target)
 
     @app.get("/api/runs")
-    def runs_json(topic: str | None = None, limit: int = 50) -> Any:
+    def runs_json(topic: str | None = None, limit: int = Query(50, ge=1, le=1000)) -> Any:
         return _jsonable(reader().runs(topic, limit))
 
     @app.get("/api/runs/{run_id}")

@@ -25,9 +25,8 @@ class LazyApp:
 
     Args:
         factory: `"module:function"`, a function returning an ASGI app (default: the keyshift page).
-
-    Raises (at the first request, not at construction):
-        ImportError, AttributeError: the factory cannot be found.
+            Nothing is imported until the first request; a factory that cannot be imported then
+            raises there (ImportError, AttributeError), and every request tries again.
     """
 
     def __init__(self, factory: str = "keyshift.ui.app:create_app") -> None:

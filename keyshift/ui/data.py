@@ -99,7 +99,8 @@ class BatchLoad:
         return max_over_mean(self.slot_events) if self.slot_events else None
 
 
-def _int_or_none(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
+    """`value` (a number, or text as Redis stores it) as an int; None for None, "" or a non-number."""
     try:
         return None if value is None or value == "" else int(value)
     except (TypeError, ValueError):
@@ -132,7 +133,7 @@ def batch_loads(progress: Iterable[Mapping[str, Any]], ledger: Mapping[int, Sequ
     """
     latest: dict[int, Mapping[str, Any]] = {}
     for record in progress:
-        batch = _int_or_none(record.get("batch_id"))
+        batch = as_int(record.get("batch_id"))
         if batch is not None and batch >= 0:
             latest[batch] = record
     ledger = ledger or {}
@@ -141,8 +142,8 @@ def batch_loads(progress: Iterable[Mapping[str, Any]], ledger: Mapping[int, Sequ
         record = latest.get(batch, {})
         slots = ledger.get(batch) or record.get("processed_rows_per_slot") or []
         batches.append(BatchLoad(
-            batch_id=batch, slot_events=tuple(int(v) for v in slots), segment=_int_or_none(record.get("segment")),
-            strategy=record.get("strategy"), epoch=_int_or_none(record.get("epoch")), at_ms=_int_or_none(record.get("timestamp_ms")),
+            batch_id=batch, slot_events=tuple(int(v) for v in slots), segment=as_int(record.get("segment")),
+            strategy=record.get("strategy"), epoch=as_int(record.get("epoch")), at_ms=as_int(record.get("timestamp_ms")),
         ))
     return batches
 
@@ -209,15 +210,15 @@ def in_force(job: Mapping[str, Any] | None, record: Mapping[str, Any] | None, ba
     segments = (job or {}).get("segments") or []
     if segments:
         last = segments[-1]
-        return InForce(last.get("strategy"), _int_or_none(last.get("partitions")), _int_or_none(last.get("epoch")),
-                       _int_or_none(last.get("index", len(segments) - 1)), "job.json segments")
+        return InForce(last.get("strategy"), as_int(last.get("partitions")), as_int(last.get("epoch")),
+                       as_int(last.get("index", len(segments) - 1)), "job.json segments")
     if batches and batches[-1].strategy:
         last_batch = batches[-1]
         return InForce(last_batch.strategy, len(last_batch.slot_events) or None, last_batch.epoch, last_batch.segment, "progress")
     for source, values in (("run record", record), ("summary", summary), ("job.json config", (job or {}).get("config"))):
         if values and values.get("strategy"):
-            return InForce(values.get("strategy"), _int_or_none(values.get("partitions")), _int_or_none(values.get("epoch")),
-                           _int_or_none(values.get("segment")), source)
+            return InForce(values.get("strategy"), as_int(values.get("partitions")), as_int(values.get("epoch")),
+                           as_int(values.get("segment")), source)
     return InForce(None, None, None, None, "nothing recorded")
 
 
@@ -270,7 +271,8 @@ class SwitchRow:
         return None if not checks else all(checks)
 
 
-def _float_or_none(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """`value` (a number, or text as Redis stores it) as a float; None for None, "" or a non-number."""
     try:
         return None if value is None or value == "" else float(value)
     except (TypeError, ValueError):
@@ -287,15 +289,15 @@ def switch_row(record: Mapping[str, Any]) -> SwitchRow:
         placement = verify
     return SwitchRow(
         switch_id=str(record.get("switch_id", "?")),
-        requested_at_s=_float_or_none(record.get("requested_at")),
-        finished_at_s=_float_or_none(record.get("finished_at")),
+        requested_at_s=as_float(record.get("requested_at")),
+        finished_at_s=as_float(record.get("finished_at")),
         strategy_from=str(record.get("strategy_from", "?")), strategy_to=str(record.get("strategy_to", "?")),
-        partitions_from=_int_or_none(record.get("partitions_from")), partitions_to=_int_or_none(record.get("partitions_to")),
-        epoch_from=_int_or_none(record.get("epoch_from")), epoch_to=_int_or_none(record.get("epoch_to")),
+        partitions_from=as_int(record.get("partitions_from")), partitions_to=as_int(record.get("partitions_to")),
+        epoch_from=as_int(record.get("epoch_from")), epoch_to=as_int(record.get("epoch_to")),
         reason=str(record.get("reason") or ""), state=str(record.get("state") or "?"), step=str(record.get("step") or "?"),
-        pause_s=_float_or_none(record.get("pause_seconds")),
-        keys_moved=_int_or_none(migration.get("keys_moved")), keys_total=_int_or_none(migration.get("keys_total")),
-        state_bytes_moved=_int_or_none(migration.get("state_bytes_moved")), state_bytes=_int_or_none(migration.get("state_bytes")),
+        pause_s=as_float(record.get("pause_seconds")),
+        keys_moved=as_int(migration.get("keys_moved")), keys_total=as_int(migration.get("keys_total")),
+        state_bytes_moved=as_int(migration.get("state_bytes_moved")), state_bytes=as_int(migration.get("state_bytes")),
         placement_ok=None if not isinstance(placement, Mapping) or "ok" not in placement else bool(placement["ok"]),
         conservation_ok=None if not isinstance(conservation, Mapping) or "ok" not in conservation else bool(conservation["ok"]),
         error=str(record.get("error") or ""),
@@ -373,8 +375,8 @@ def _quality_from(document: Mapping[str, Any], source: str, run_dir: Path) -> Qu
         count = failed if isinstance(failed, int) else len(failed)
         if isinstance(failed, list):
             failures.extend(_failure_line(str(suite.get("suite")), f) for f in failed)
-        suites.append(SuiteOutcome(str(suite.get("suite")), bool(suite.get("success", count == 0)), _int_or_none(suite.get("rows")),
-                                   _int_or_none(suite.get("evaluated")), count))
+        suites.append(SuiteOutcome(str(suite.get("suite")), bool(suite.get("success", count == 0)), as_int(suite.get("rows")),
+                                   as_int(suite.get("evaluated")), count))
     docs = run_dir / "data_docs" / "index.html"
     return QualityResult(bool(document.get("success")), tuple(suites), "data_docs/index.html" if docs.is_file() else None, source,
                          tuple(failures))
@@ -410,15 +412,15 @@ def strategy_balance_series(records: Iterable[Mapping[str, Any]]) -> dict[str, l
     """
     series: dict[str, list[tuple[float, float]]] = {}
     for record in records:
-        at = _float_or_none(record.get("at_s"))
+        at = as_float(record.get("at_s"))
         if at is None:
             continue
         for result in (record.get("evaluation") or {}).get("results") or []:
-            value = _float_or_none(result.get("balance_degree"))
+            value = as_float(result.get("balance_degree"))
             if value is not None:
                 series.setdefault(str(result.get("strategy")), []).append((at, value))
         for source, measured in (record.get("measured") or {}).items():
-            value = _float_or_none((measured or {}).get("balance_degree"))
+            value = as_float((measured or {}).get("balance_degree"))
             if value is not None:
                 series.setdefault(MEASURED_PREFIX + source, []).append((at, value))
     return series
@@ -428,9 +430,9 @@ def lag_series(records: Iterable[Mapping[str, Any]]) -> list[tuple[float, int]]:
     """Total consumer lag (records) at each monitor evaluation that measured it: [(epoch seconds, lag)]."""
     points = []
     for record in records:
-        at = _float_or_none(record.get("at_s"))
+        at = as_float(record.get("at_s"))
         lag = record.get("consumer_lag")
-        total = _int_or_none(lag.get("total")) if isinstance(lag, Mapping) else _int_or_none(lag)
+        total = as_int(lag.get("total")) if isinstance(lag, Mapping) else as_int(lag)
         if at is not None and total is not None:
             points.append((at, total))
     return points
@@ -460,4 +462,4 @@ def records_of_run(records: Sequence[Mapping[str, Any]], run_id: str, started_s:
         return named
     low = started_s if started_s is not None else float("-inf")
     high = finished_s if finished_s is not None else float("inf")
-    return [r for r in records if low <= (_float_or_none(r.get("at_s")) or low - 1) <= high]
+    return [r for r in records if low <= (as_float(r.get("at_s")) or low - 1) <= high]

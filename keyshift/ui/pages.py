@@ -128,7 +128,7 @@ def _decision(records: Sequence[Mapping[str, Any]]) -> str:
     last = records[-1]
     decision = last.get("decision") or {}
     lag = last.get("consumer_lag") or {}
-    items = [("last evaluation", esc(when(data._float_or_none(last.get("at_s"))))),
+    items = [("last evaluation", esc(when(data.as_float(last.get("at_s"))))),
              ("strategy in force", esc(data.strategy_in_force(last))),
              ("decision", esc(("switch to " if decision.get("switch") else "stay with ") + str(decision.get("strategy"))) if decision else "–"),
              ("reason", esc(decision.get("reason"))), ("trigger", esc(decision.get("trigger")))]
@@ -173,8 +173,8 @@ def _figures(view: RunView) -> str:
     record = view.record
     items = [("topic", link(f"../topics/{quote(view.topic.topic, safe='')}", view.topic.topic) if view.topic else "–"),
              ("state", esc(record.get("state") or ("finished" if summary else None))),
-             ("started", esc(when(data._float_or_none(record.get("started_at"))))),
-             ("finished", esc(when(data._float_or_none(record.get("finished_at")))))]
+             ("started", esc(when(data.as_float(record.get("started_at"))))),
+             ("finished", esc(when(data.as_float(record.get("finished_at")))))]
     if summary:
         items += [("events read", number(summary.get("events_read"))),
                   ("throughput", f"{number(summary.get('events_per_second'))} events/s over {number(summary.get('wall_seconds'), 1)} s"),

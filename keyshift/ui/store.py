@@ -10,6 +10,7 @@ alone and say so (`redis_error`).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,8 +110,8 @@ class RunView:
         """The topic's monitor records about this run (`data.records_of_run`)."""
         if self.topic is None:
             return []
-        started = data._float_or_none(self.record.get("started_at"))
-        finished = data._float_or_none(self.record.get("finished_at"))
+        started = data.as_float(self.record.get("started_at"))
+        finished = data.as_float(self.record.get("finished_at"))
         return data.records_of_run(self.topic.monitor, self.run_id, started, finished)
 
 
@@ -201,17 +202,17 @@ class Reader:
         summary = summary if isinstance(summary, dict) else None
         job = data.read_json(run_dir / "job.json")
         placement = data.in_force(job if isinstance(job, dict) else None, record or None, (), summary)
-        started = data._float_or_none(record.get("started_at"))
+        started = data.as_float(record.get("started_at"))
         if started is None and run_dir.is_dir():
             started = run_dir.stat().st_mtime
         events = (summary or {}).get("events_read")
         if events is None:
-            events = data._int_or_none(self._latest_progress(run_id).get("events_read"))
+            events = data.as_int(self._latest_progress(run_id).get("events_read"))
         quality = data.quality_result(run_dir)
         topic = record.get("topic") or (summary or {}).get("topic") or ((job or {}).get("config") or {}).get("topic") or ""
         state = record.get("state") or ("succeeded" if summary else "")
         return RunRow(run_id, topic, state, placement.strategy, placement.epoch, placement.partitions, started,
-                      data._int_or_none(events), data._float_or_none((summary or {}).get("balance_degree")),
+                      data.as_int(events), data.as_float((summary or {}).get("balance_degree")),
                       None if quality is None else quality.success)
 
     def _latest_progress(self, run_id: str) -> dict[str, Any]:
@@ -219,8 +220,6 @@ class Reader:
             try:
                 text = self.client.hget(names.redis_progress_key(run_id), "latest")
                 if text:
-                    import json
-
                     return json.loads(text)
             except (redis.RedisError, ValueError):
                 pass
@@ -237,7 +236,7 @@ class Reader:
         records = self.run_records()
 
         def started(run_id: str) -> float:
-            value = data._float_or_none(records.get(run_id, {}).get("started_at"))
+            value = data.as_float(records.get(run_id, {}).get("started_at"))
             if value is None:
                 folder = self.runs_dir / run_id
                 value = folder.stat().st_mtime if folder.is_dir() else 0.0
@@ -311,7 +310,7 @@ class Reader:
             topic = record.get("topic")
             if topic:
                 count, last = activity.get(topic, (0, None))
-                started = data._float_or_none(record.get("started_at"))
+                started = data.as_float(record.get("started_at"))
                 activity[topic] = (count + 1, max((t for t in (last, started) if t is not None), default=None))
         names_ = sorted(self.topic_names(), key=lambda t: (-(activity.get(t, (0, None))[1] or 0.0), t))
         topics = tuple(self.topic(t, with_monitor=False) for t in names_)

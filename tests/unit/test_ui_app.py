@@ -36,6 +36,8 @@ def client(tmp_path):
     (run_dir / "data_docs").mkdir(parents=True)
     (run_dir / "data_docs" / "index.html").write_text("<html>Data Docs of the unit run</html>")
     (tmp_path / "runs" / "secret.txt").write_text("not for the page")
+    (tmp_path / "data_docs").mkdir()
+    (tmp_path / "data_docs" / "index.html").write_text("beside the runs folder: not for the page")
     records = [{"batch_id": b, "processed_rows_per_slot": [10 * (b + 1), 5], "strategy": "hash", "epoch": 0, "segment": 0,
                 "timestamp_ms": 1_000 * b} for b in range(3)]
     (run_dir / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -84,7 +86,7 @@ def test_pages_render_from_the_run_folder_without_redis(client):
 
 
 @pytest.mark.parametrize("path", [f"/runs/{RUN}/data_docs/../../secret.txt", f"/runs/{RUN}/data_docs/%2e%2e/%2e%2e/secret.txt",
-                                  f"/runs/{RUN}/data_docs/absent.html", "/runs/absent-run"])
+                                  "/runs/%2E%2E/data_docs/index.html", f"/runs/{RUN}/data_docs/absent.html", "/runs/absent-run"])
 def test_unknown_runs_and_files_outside_data_docs_are_404(client, path):
     client.cookies.set("_token", "good")
     assert client.get(path).status_code == 404
