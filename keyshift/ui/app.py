@@ -67,6 +67,7 @@ def create_app(settings: Callable[[], Settings] = Settings, login: Callable[[], 
     checks: list[Login] = []
 
     async def require_user(request: Request) -> Any:
+        """Every route's dependency: the caller's Airflow user (raises LoginRequired or AccessDenied)."""
         if not checks:
             checks.append(login())
         return await check_request(request, checks[0])
@@ -90,22 +91,27 @@ def create_app(settings: Callable[[], Settings] = Settings, login: Callable[[], 
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     def reader() -> Reader:
+        """A reader of Redis and the runs folder for one request."""
         return Reader.from_settings(settings())
 
     @app.get("/", response_class=HTMLResponse)
     def overview() -> str:
+        """The overview page (HTML)."""
         return pages.overview_page(reader().overview())
 
     @app.get("/topics/{topic}", response_class=HTMLResponse)
     def topic(topic: str) -> str:
+        """A topic's page (HTML)."""
         return pages.topic_page(reader().topic(topic, runs=50))
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run(run_id: str) -> str:
+        """A run's page (HTML); 404 for an unknown run."""
         return pages.run_page(reader().run(run_id))
 
     @app.get("/runs/{run_id}/data_docs/{path:path}")
     def data_docs(run_id: str, path: str) -> FileResponse:
+        """A file of the run's Data Docs; 404 for anything outside `runs/<run_id>/data_docs/`."""
         runs_dir = settings().runs_dir.resolve()
         base = (runs_dir / run_id / "data_docs").resolve()
         target = (base / (path or "index.html")).resolve()
@@ -115,10 +121,12 @@ def create_app(settings: Callable[[], Settings] = Settings, login: Callable[[], 
 
     @app.get("/api/runs")
     def runs_json(topic: str | None = None, limit: int = Query(50, ge=1, le=1000)) -> Any:
+        """The newest `limit` runs (of `topic`), as `RunRow` objects."""
         return _jsonable(reader().runs(topic, limit))
 
     @app.get("/api/runs/{run_id}")
     def run_json(run_id: str) -> Any:
+        """A run's `RunView` with the monitor records about it (the topic's own series left out)."""
         view = reader().run(run_id)
         return _jsonable({**dataclasses.asdict(view), "monitor": view.monitor,
                           "topic": None if view.topic is None else {**dataclasses.asdict(view.topic), "monitor": None}})
