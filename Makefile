@@ -13,7 +13,9 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: env setup stack demo test test-all unit clean-state
+CHROMIUM ?= chromium
+
+.PHONY: env setup stack browser demo test test-all unit clean-state
 
 env: $(STAMP)
 
@@ -33,13 +35,22 @@ setup: env
 stack: setup
 	$(BIN)/keyshift stack up
 
+# The browser test of the keyshift page (tests/integration/test_ui_plugin.py) drives Debian's
+# Chromium with Playwright (from requirements.lock; it downloads no browser of its own).
+browser:
+	@command -v $(CHROMIUM) >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "error: $(CHROMIUM) not found; install it with \`sudo apt-get install -y chromium\`"; exit 1; fi; }
+	@echo "browser for the UI test: $$(command -v $(CHROMIUM))"
+
 demo: stack
 	$(BIN)/keyshift run demo
 
-test: stack
+test: stack browser
 	$(BIN)/python -m pytest -ra --durations=20 tests
 
-test-all: stack
+test-all: stack browser
 	$(BIN)/python -m pytest -ra --durations=20 --run-slow tests
 
 unit: env
