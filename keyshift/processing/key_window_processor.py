@@ -281,6 +281,14 @@ class KeyWindowProcessor(StatefulProcessor):
 
     # ---------------------------------------------------------------------------- Spark's calls
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled on a Python worker (before it reads any input): put transformWithStateInPandas'
+        column-wise input in place (`keyshift.processing.tws_input.install`), then restore."""
+        from keyshift.processing.tws_input import install
+
+        install()
+        self.__dict__.update(state)
+
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare both MapStates (the clocks are used by per-key modes only, declared always so
         every run has one state layout)."""

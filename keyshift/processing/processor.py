@@ -281,6 +281,14 @@ class KeyedWindowProcessor(StatefulProcessor):
         self._swept_at: dict[int, float] = {}
         self._closing: list[tuple] = []
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled on a Python worker (before it reads any input): put transformWithStateInPandas'
+        column-wise input in place (`keyshift.processing.tws_input.install`), then restore."""
+        from keyshift.processing.tws_input import install
+
+        install()
+        self.__dict__.update(state)
+
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the MapStates: pending windows (key -> partial aggregates) and the key clocks
         (used by the per-key watermark modes only, declared always so every run has one layout)."""
