@@ -14,6 +14,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from keyshift import runlog
+from keyshift.console import STEP
 from keyshift.names import FLIGHT_TOPICS, FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
 from keyshift.settings import Settings
@@ -36,6 +38,8 @@ def run_demo(
     builtin_bound_ms: int = 172_800_000,
     topic: str = FLIGHTS_TOPIC,
     idle_lag_ms: int = 8 * 86_400_000,
+    driver_log: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run the demo end to end and return the job's summary with a `builtin` comparison.
 
@@ -61,6 +65,10 @@ def run_demo(
             days covers P = 8 (21.5 h with hash, 37 h with least_count); hot_split at P = 32
             drifts about a week, so the demo's default is eight days (the job's is two). Only
             silent keys wait for it.
+        driver_log: send the log lines of every step (this process's, Spark's, the Python
+            workers') to `runs/<run_id>/driver.log` (`keyshift.runlog`), the global-mode run's too.
+        progress: show progress bars on stderr: the replay's events, and each job run's events
+            accounted for against its target.
 
     Raises:
         KeyshiftError subclasses from each step (stack down, data missing, job failure).
@@ -79,21 +87,25 @@ def run_demo(
     from keyshift.stack.spark import connector_jars
     from keyshift.topics import create_topics, describe_topics
 
+    log_path = runlog.attach(runlog.driver_log_path(settings.runs_dir / run_id)) if driver_log else None
+    if log_path is not None:
+        log.info("demo %s: log lines go to %s", run_id, log_path, extra=STEP)
     if topic == FLIGHTS_TOPIC:
-        log.info("demo %s: creating topics %s with %d partitions", run_id, ", ".join(FLIGHT_TOPICS), partitions)
+        log.info("demo %s: creating topics %s with %d partitions", run_id, ", ".join(FLIGHT_TOPICS), partitions, extra=STEP)
         create_topics(settings, FLIGHT_TOPICS, partitions, recreate=True)
     else:
-        log.info("demo %s: creating topic %s with %d partitions", run_id, topic, partitions)
+        log.info("demo %s: creating topic %s with %d partitions", run_id, topic, partitions, extra=STEP)
         create_topics(settings, [topic], partitions, recreate=True)
         missing = [t for t in FLIGHT_TOPICS if t != FLIGHTS_TOPIC and t not in describe_topics(settings, [t])]
         if missing:
             create_topics(settings, missing, 8)
     if strategy in LEARNED_STRATEGIES:  # the replay and the job read what this publishes
         learn_and_publish(settings, topic, strategy, partitions, limit)
-    replay = replay_flights(settings, topic, limit=limit, rate=rate, strategy=strategy, partitions=partitions)
-    log.info("demo %s: replayed %d flights", run_id, replay.events_produced)
+    replay = replay_flights(settings, topic, limit=limit, rate=rate, strategy=strategy, partitions=partitions, progress=progress)
+    log.info("demo %s: replayed %d flights; starting Spark", run_id, replay.events_produced, extra=STEP)
 
-    spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, spark_conf(partitions, jars=connector_jars(settings)))
+    spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, spark_conf(partitions, jars=connector_jars(settings)),
+                                output=log_path)
     config = FlightDelayJobConfig(
         run_id=run_id,
         strategy=strategy,
@@ -105,8 +117,10 @@ def run_demo(
         topic=topic,
         idle_lag_ms=idle_lag_ms,
     )
-    summary = run_flight_delays(settings, config, starting="replay", spark=spark)
+    summary = run_flight_delays(settings, config, starting="replay", spark=spark, progress=progress)
     recorder = RunRecorder(settings, run_id)
+    log.info("demo %s: checking the windows table (Great Expectations suite, pandas' windows of the same flights)", run_id,
+             extra=STEP)
     # the committed flight_delay_windows suite; its result and Data Docs go to runs/<run_id>/
     summary["quality"] = validate_windows(pd.read_parquet(recorder.run_dir / "windows"), partitions,
                                           run_dir=recorder.run_dir, run_id=run_id)
@@ -115,8 +129,10 @@ def run_demo(
     log.info("demo %s: windows vs pandas: %s", run_id, summary["reference"])
     if compare_global and watermark != "global":
         global_id = f"{run_id}-global"
-        log.info("demo %s: running the job again in global watermark mode (bound %d ms) as %s", run_id, bound_ms, global_id)
-        other = run_flight_delays(settings, replace(config, run_id=global_id, watermark="global"), starting="replay", spark=spark)
+        log.info("demo %s: running the job again in global watermark mode (bound %d ms) as %s", run_id, bound_ms, global_id,
+                 extra=STEP)
+        other = run_flight_delays(settings, replace(config, run_id=global_id, watermark="global"), starting="replay", spark=spark,
+                                  progress=progress)
         summary["global_mode"] = {
             "run_id": global_id, "bound_ms": bound_ms, "late_events": other["late_events"], "events_read": other["events_read"],
             "events_per_second": other["events_per_second"], "reconciled": other["reconciled"],
@@ -127,7 +143,7 @@ def run_demo(
         start = summary["start_offsets"]
         start = start if isinstance(start, str) else {int(p): o for p, o in start.items()}
         source = read_kafka(spark, settings, topic, start, max_offsets_per_trigger)
-        log.info("demo %s: running Spark's built-in window aggregation on the same records", run_id)
+        log.info("demo %s: running Spark's built-in window aggregation on the same records", run_id, extra=STEP)
         end = {int(p): o for p, o in summary["end_offsets"].items()}
         result = run_builtin_windows(source, recorder.run_dir / "builtin_windows", run_id, builtin_bound_ms, END_OF_INPUT_EVENT_TIME_MS, end)
         result["bound_ms"] = builtin_bound_ms

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import redis
 from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -75,6 +75,9 @@ class RunRecorder:
         self.summary_path = self.run_dir / "summary.json"
         self.progress_path = self.run_dir / "progress.jsonl"
         self.redis = redis_client(settings)
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        """Called with each progress record after it is written (e.g. a progress bar); its errors
+        are logged, never raised."""
 
     def update(self, **fields: Any) -> None:
         """Set fields of the run record (values stored as strings; None values skipped).
@@ -109,13 +112,18 @@ class RunRecorder:
     def progress(self, record: dict[str, Any]) -> None:
         """Publish one batch's progress record: a line of progress.jsonl, then Redis `latest`.
 
-        The file is the durable record; Redis holds the latest one for watchers. While Redis is
-        unreachable (a restart) the record is not published there and the run goes on: the next
-        batch's record replaces it anyway.
+        The file is the durable record; `on_progress`, when set, is called next; Redis holds the
+        latest one for watchers. While Redis is unreachable (a restart) the record is not
+        published there and the run goes on: the next batch's record replaces it anyway.
         """
         line = json.dumps(record, sort_keys=True)
         with self.progress_path.open("a") as out:
             out.write(line + "\n")
+        if self.on_progress is not None:
+            try:
+                self.on_progress(record)
+            except Exception as exc:  # a display must not stop the run
+                log.debug("run %s: progress listener failed: %s", self.run_id, exc)
         try:
             self.redis.hset(redis_progress_key(self.run_id), mapping={"latest": line, "batch_id": record.get("batch_id", -1)})
         except redis.ConnectionError as exc:

@@ -311,8 +311,11 @@ def plot_key_windows(report: dict[str, object], series: dict[int, pd.DataFrame],
 
 
 def run_key_windows_bench(path: Path, out: Path, flights: int = FLIGHTS, size_ms: int = SIZE_MS, slide_ms: int = SLIDE_MS,
-                          bounds_ms: tuple[int, ...] = BOUNDS_MS, batch_rows: int = BATCH_ROWS) -> dict[str, object]:
+                          bounds_ms: tuple[int, ...] = BOUNDS_MS, batch_rows: int = BATCH_ROWS, progress: bool = False) -> dict[str, object]:
     """Run the benchmark on the flights file at `path`; write the JSON to `out` and the PNG beside it.
+
+    `progress`: a tqdm bar (stderr) of the bounds measured, one step per bound (the updates and
+    native windows are computed first, once).
 
     Raises:
         ConfigurationError: a bad window or bound; DataError: the flights cannot be read.
@@ -346,7 +349,9 @@ def run_key_windows_bench(path: Path, out: Path, flights: int = FLIGHTS, size_ms
         "native_windows_per_update": round(native_windows / max(len(updates), 1), 2),
     }
     rows, series = [], {}
-    for bound in bounds_ms:
+    from tqdm import tqdm
+
+    for bound in tqdm(bounds_ms, desc="key windows: bounds", unit="bound", disable=not progress):
         row, hourly = bound_row(stream, window, bound)
         run = incremental_run(frame, stream, window, bound, batch_rows)
         emitted = run["updates"].rename(columns={"key": "origin"}).sort_values(["origin", "start_ms"], kind="stable", ignore_index=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import click
 
@@ -42,7 +43,9 @@ def main() -> None:
     status 1 (2 for wrong arguments, 130 for Ctrl-C): a KeyshiftError with its message, a wrong
     argument or option with the command's `--help`, an invalid `KEYSHIFT_*` variable with its
     name, and, as a last resort, a Kafka or Redis client error that no check caught earlier.
-    Anything else is a bug and keeps its traceback.
+    Anything else is a bug and keeps its traceback. When the failing command had started a run
+    whose log is `runs/<run_id>/driver.log` (`keyshift.runlog`), the line ends with
+    `; details in <that file>`, and the traceback is written there.
 
     Before the command runs, a local Spark master gets `SPARK_LOCAL_IP=127.0.0.1` (unless set),
     so a job's driver and Spark UI listen on loopback only.
@@ -58,17 +61,35 @@ def main() -> None:
         click.echo(f"error: {exc.format_message().rstrip('.')}; see `{command} --help`", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {exc.format_message()}{_see_driver_log(exc)}", err=True)
         sys.exit(exc.exit_code)
     except KeyshiftError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {exc}{_see_driver_log(exc)}", err=True)
         sys.exit(1)
     except Exception as exc:
         message = _known_failure(exc)
+        hint = _see_driver_log(exc)
         if message is None:
+            if hint:
+                click.echo(f"error: {type(exc).__name__}{hint}", err=True)
             raise
-        click.echo(f"error: {message}", err=True)
+        click.echo(f"error: {message}{hint}", err=True)
         sys.exit(1)
+
+
+def _see_driver_log(exc: BaseException) -> str:
+    """`; details in <driver log>` when a run's driver log is attached (`keyshift.runlog`), after
+    writing `exc` with its traceback there; else an empty string."""
+    from keyshift import runlog
+
+    path = runlog.record_failure(exc)
+    if path is None:
+        return ""
+    try:
+        shown = path.relative_to(Path.cwd())
+    except ValueError:
+        shown = path
+    return f"; details in {shown}"
 
 
 def _bind_spark_to_loopback() -> None:

@@ -123,7 +123,8 @@ def switch(out: Path, flights: int, rate: float, per_trigger: int, bound_ms: int
               help="Watermark bounds, ms (repeat; one row each).  [default: 0 600000 3600000 86400000]")
 @click.option("--batch-rows", type=click.IntRange(min=1), default=250_000, show_default=True,
               help="Events per micro-batch of the incremental run.")
-def keywindows(out: Path, flights: int, size_ms: int, slide_ms: int, bounds_ms: tuple[int, ...], batch_rows: int) -> None:
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar of the bounds.")
+def keywindows(out: Path, flights: int, size_ms: int, slide_ms: int, bounds_ms: tuple[int, ...], batch_rows: int, progress: bool) -> None:
     """Key windows (paper 003) against Spark's native sliding windows, per origin on the real flights.
 
     Reports events, updates emitted (at most 2n), native windows (p·n/s bound and actual), the
@@ -133,7 +134,7 @@ def keywindows(out: Path, flights: int, size_ms: int, slide_ms: int, bounds_ms: 
     from keyshift.data.flights import flights_path
 
     report = bench.run_key_windows_bench(flights_path(Settings()), out, flights=flights, size_ms=size_ms, slide_ms=slide_ms,
-                                         bounds_ms=bounds_ms or bench.BOUNDS_MS, batch_rows=batch_rows)
+                                         bounds_ms=bounds_ms or bench.BOUNDS_MS, batch_rows=batch_rows, progress=progress)
     click.echo(f"{len(report['rows'])} rows -> {out} (plot {report['plot']})")
     for row in report["rows"]:
         click.echo(f"  bound {row['bound_ms']:,} ms: {row['events']:,} events, {row['updates']:,} updates, native windows "

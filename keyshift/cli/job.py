@@ -6,12 +6,13 @@ with key windows). `keyshift job run flight_delays` (the job as an argument) sti
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 
 import click
 
+from keyshift.cli.output import run_output_options, run_terminal
+from keyshift.console import print_summary
 from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
@@ -68,8 +69,14 @@ def flight_delay_options(function):
     return function
 
 
-def run_from_options(**options) -> dict:
-    """Build the settings and config from CLI options, run the job, return its summary."""
+def run_from_options(*, driver_log: bool = False, progress: bool = False, **options) -> dict:
+    """Build the settings and config from CLI options, run the job, return its summary.
+
+    Args:
+        driver_log: the run's log lines go to runs/<run_id>/driver.log (`run_flight_delays`).
+        progress: show a progress bar of the events accounted for (`run_flight_delays`).
+        options: the options of `flight_delay_options`, by parameter name.
+    """
     from keyshift.processing.driver import run_flight_delays
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.settings import Settings
@@ -77,7 +84,8 @@ def run_from_options(**options) -> dict:
     if options.get("resume"):
         if options.get("run_id") not in (None, options["resume"]):
             raise click.UsageError(f"--resume {options['resume']} continues that run; drop --run-id {options['run_id']}")
-        return run_flight_delays(Settings(), FlightDelayJobConfig(run_id=options["resume"]), resume=True)
+        return run_flight_delays(Settings(), FlightDelayJobConfig(run_id=options["resume"]), resume=True, driver_log=driver_log,
+                                 progress=progress)
     config = FlightDelayJobConfig(
         run_id=options["run_id"] or new_run_id(),
         job=options.get("job_name") or "flight_delays",
@@ -99,7 +107,7 @@ def run_from_options(**options) -> dict:
         idle_lag_ms=options["idle_lag_ms"],
         key_idle_timeout_s=options["key_idle_timeout"],
     )
-    return run_flight_delays(Settings(), config, starting=options["starting"])
+    return run_flight_delays(Settings(), config, starting=options["starting"], driver_log=driver_log, progress=progress)
 
 
 @click.group(name="job")
@@ -110,17 +118,21 @@ def command() -> None:
 @command.command(name="run")
 @click.argument("job", type=click.Choice(job_names()), required=False)
 @flight_delay_options
-def run(job: str | None, **options) -> None:
-    """Run a job in this process on local Spark and print its summary as JSON.
+@run_output_options
+def run(job: str | None, as_json: bool, progress: bool, **options) -> None:
+    """Run a job in this process on local Spark and print a summary table (--json: the summary as
+    JSON; it is in runs/<run_id>/summary.json either way).
 
     The job is --job NAME (or the JOB argument; default flight_delays). flight_delays: hourly
     delay windows per origin from the flights topic, with alerts, late events and dead letters.
     flight_delays_sliding: 1 h windows every minute per origin as key window updates (paper 003),
     with late events and dead letters. With --limit it drains and stops; without, it runs until
-    Ctrl-C.
+    Ctrl-C. Log lines of Spark, its Python workers and keyshift go to runs/<run_id>/driver.log;
+    the terminal shows the steps, a progress bar and warnings.
     """
     if job and options.get("job_name") and job != options["job_name"]:
         raise click.UsageError(f"the argument names job {job} but --job names {options['job_name']}; give one")
     options["job_name"] = options.get("job_name") or job
-    summary = run_from_options(**options)
-    click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    with run_terminal():
+        summary = run_from_options(driver_log=True, progress=progress, **options)
+    print_summary(summary, as_json=as_json)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from keyshift.cli.output import run_output_options, run_terminal
 from keyshift.eventtime.watermarks import WATERMARK_MODES
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
@@ -30,15 +29,19 @@ def command() -> None:
 @click.option("--topic", default=FLIGHTS_TOPIC, show_default=True, help="Input topic; another name than flights is recreated alone (the side-output topics are shared and kept), so the demo can run beside other runs.")
 @click.option("--idle-lag-ms", type=click.IntRange(min=0), default=691_200_000, show_default=True, help="Per-key watermark modes: the fallback watermark's lag behind the query's max event time (8 days); it must exceed how far the partitions drift apart in the backfill (up to 37 h at P=8, about a week with hot_split at P=32). Only silent keys wait for it: every other key closes its windows one bound after its own events.")
 @click.option("--builtin/--no-builtin", default=True, help="Also run Spark's built-in aggregation and compare.")
+@run_output_options
 def demo(run_id, partitions, strategy, limit, rate, bound_ms, watermark, compare_global, builtin_bound_ms, max_offsets_per_trigger,
-         topic, idle_lag_ms, builtin) -> None:
+         topic, idle_lag_ms, builtin, as_json, progress) -> None:
     """Recreate the flight topics, replay the flights, run the job to the end, compare with
-    Spark's built-in aggregation, and print the summary (also in runs/<run_id>/summary.json).
+    Spark's built-in aggregation, and print a summary table (--json: the summary as JSON; it is
+    in runs/<run_id>/summary.json either way). Log lines of Spark, its Python workers and
+    keyshift go to runs/<run_id>/driver.log; the terminal shows the steps, progress and warnings.
 
     Needs the stack (`keyshift stack up`) and the data (`keyshift data fetch flights`).
     """
     from keyshift import stack
     from keyshift.cli.job import new_run_id
+    from keyshift.console import print_summary
     from keyshift.data.flights import flights_path
     from keyshift.demo import run_demo
     from keyshift.settings import Settings
@@ -46,29 +49,32 @@ def demo(run_id, partitions, strategy, limit, rate, bound_ms, watermark, compare
     settings = Settings()
     stack.require(settings, "kafka", "redis")
     flights_path(settings)  # fetched and verified, or the fix: `keyshift data fetch flights`
-    summary = run_demo(
-        settings,
-        run_id or new_run_id("demo"),
-        partitions=partitions,
-        strategy=strategy,
-        limit=limit,
-        rate=rate,
-        bound_ms=bound_ms,
-        max_offsets_per_trigger=max_offsets_per_trigger,
-        builtin=builtin,
-        watermark=watermark,
-        compare_global=compare_global,
-        builtin_bound_ms=builtin_bound_ms,
-        topic=topic,
-        idle_lag_ms=idle_lag_ms,
-    )
-    click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    with run_terminal():
+        summary = run_demo(
+            settings,
+            run_id or new_run_id("demo"),
+            partitions=partitions,
+            strategy=strategy,
+            limit=limit,
+            rate=rate,
+            bound_ms=bound_ms,
+            max_offsets_per_trigger=max_offsets_per_trigger,
+            builtin=builtin,
+            watermark=watermark,
+            compare_global=compare_global,
+            builtin_bound_ms=builtin_bound_ms,
+            topic=topic,
+            idle_lag_ms=idle_lag_ms,
+            driver_log=True,
+            progress=progress,
+        )
+    print_summary(summary, as_json=as_json)
     problems = []
     if not summary["quality"]["success"]:
         problems.append(f"the windows table failed {len(summary['quality']['failed'])} Great Expectations check(s)")
     if not summary["reference"]["equal"]:
-        problems.append("the windows differ from the pandas computation of the same windows (see reference)")
+        problems.append("the windows differ from the pandas computation of the same windows (see reference in summary.json)")
     if builtin and not summary["builtin"]["comparison"]["equal"]:
-        problems.append("the windows differ from Spark's built-in aggregation (see builtin.comparison)")
+        problems.append("the windows differ from Spark's built-in aggregation (see builtin.comparison in summary.json)")
     if problems:
         raise click.ClickException("; ".join(problems))

@@ -4,13 +4,14 @@
     keyshift switch --run RUN_ID            # finish a switch left unfinished (its driver died)
     keyshift switch --run RUN_ID --history  # the run's switches
 
-Prints one line per step as the driver carries it out, then the pause, the state moved and the
-moved share against the minimum. Exits 1 with `error: ...` if the switch fails or rolls back.
+Prints one line per step as the driver carries it out (seconds since the request, switch, state,
+step), then the pause, the state moved and the moved share against the minimum. Exits 1 with `error: ...` if the switch fails or rolls back.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import click
 
@@ -46,8 +47,10 @@ def command(run_id: str, strategy: str | None, partitions: int | None, reason: s
             click.echo(json.dumps({k: v for k, v in record.items() if k not in ("mapping", "mapping_from")}, sort_keys=True))
         return
 
+    started = time.monotonic()
+
     def show(record: dict) -> None:
-        click.echo(f"  {record['switch_id']}: {record.get('state')} at step {record.get('step')}")
+        click.echo(f"  {time.monotonic() - started:6.1f} s  {record['switch_id']}: {record.get('state')} at step {record.get('step')}")
 
     record = request_switch(settings, run_id, strategy, partitions, reason=reason, wait_timeout_s=timeout_s, on_update=show)
     click.echo(_describe(record))

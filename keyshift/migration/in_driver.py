@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from pyspark.sql import SparkSession
 
+from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.migration.state import MapStateVariable, read_state, rekey_state, save_migrated, verify_placement
 from keyshift.migration.switch import SwitchControl, step_index
@@ -155,7 +156,8 @@ def migrate(
     publish(settings, record)
     record = control.advance(record, "published", time.monotonic() - t, published_at=time.time())
     failpoint("switch.published", number)
-    log.info("switch %s: migrated %s in %.2f s", record["switch_id"], migrated.summary(), time.monotonic() - started)
+    log.info("switch %s: migrated %s in %.2f s", record["switch_id"], migrated.summary(), time.monotonic() - started,
+             extra=STEP)
     return segments
 
 
@@ -274,7 +276,8 @@ def verify_and_finish(
     _record_cost(settings, record)
     log.info("switch %s done: %s -> %s, P %s -> %s, pause %.2f s, %s state rows migrated",
              record["switch_id"], record["strategy_from"], record["strategy_to"], record["partitions_from"],
-             record["partitions_to"], pause, sum((record.get("migration") or {}).get("state_rows_written", {}).values()))
+             record["partitions_to"], pause, sum((record.get("migration") or {}).get("state_rows_written", {}).values()),
+             extra=STEP)
     return record
 
 

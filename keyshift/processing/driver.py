@@ -26,6 +26,8 @@ import requests
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
+from keyshift import runlog
+from keyshift.console import STEP, EventsBar
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC
@@ -427,6 +429,8 @@ def run_flight_delays(
     spark: SparkSession | None = None,
     wait_timeout_s: float = 600.0,
     resume: bool = False,
+    driver_log: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run the flight delay job, or resume a crashed run, and return its summary (also written
     to summary.json).
@@ -443,6 +447,12 @@ def run_flight_delays(
             replays the batch that was running (same offsets, same watermark), the sink's
             ledger and side-output transactions make that replay count and send nothing twice,
             and the summary covers the whole run, as if it had never crashed.
+        driver_log: send this process's log lines, and, when this call starts the driver JVM,
+            Spark's log and the Python workers' output, to `runs/<run_id>/driver.log`
+            (`keyshift.runlog`; from the moment the run's folder is made, after the checks that
+            need no folder). The run record's `log_path` names the driver log in use, if any.
+        progress: show a progress bar on stderr of the events accounted for (in windows, late,
+            dead letters) against the events a bounded run reads (`keyshift.console.EventsBar`).
 
     Returns:
         The summary dict (see `build_summary`).
@@ -474,12 +484,16 @@ def run_flight_delays(
     if not resume:
         _kafka_offsets(settings, config.topic)  # a missing topic: one line naming the fix
     recorder = RunRecorder(settings, config.run_id)
-    recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic)
+    if driver_log:
+        log.info("run %s: log lines go to %s", config.run_id, runlog.attach(runlog.driver_log_path(recorder.run_dir)), extra=STEP)
+    recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic,
+                   log_path=runlog.active())
     if resume:
         resumes = recorder.count_resume()
-        log.info("run %s: resuming from its checkpoint (resume %d)", config.run_id, resumes)
+        log.info("run %s: resuming from its checkpoint (resume %d)", config.run_id, resumes, extra=STEP)
     stop_requested = threading.Event()
     previous_handlers = _install_stop_handlers(stop_requested)
+    bar = EventsBar(f"job {config.run_id}", enabled=progress)
     try:
         if not resume:
             replay = recorder.replay_record(config.topic)  # read now: a later replay overwrites it
@@ -490,25 +504,33 @@ def run_flight_delays(
                 config = _with_learned_assignment(settings, config)
             save_job_record(run_dir, config, start, replay)
         target = config.end_offsets if config.limit else None
+        events_target = sum(o - start.get(p, 0) for p, o in target.items()) if target else None
+        recorder.on_progress = lambda record: bar({**record, "events_target": events_target})
         ensure_side_output_topics(settings, config.partitions)
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
             conf = spark_conf(config.partitions, jars=connector_jars(settings))
-            spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf)
+            log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
+            spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
+                                        output=runlog.active() if driver_log else None)
         sampler = PeakMemorySampler(driver_jvm_pid(spark))
         sampler.start()
         task_times = TaskTimeRecorder(spark, run_dir)
         task_times.start()
         side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id, client_options(settings))
         started = time.monotonic()
+        bar.start(events_target)
         try:
             segments, watch, sink = _run_segments(spark, settings, config, run_dir, recorder, target, stop_requested, side_outputs,
                                                   task_times)
+            if watch.get("outcome") == "done":
+                bar.finish()
         finally:
             sampler.stop()
             task_times.stop()
             side_outputs.close()
+            bar.close()
         last = segments[-1]
         checkpoint = run_dir / last["checkpoint"]
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
@@ -539,6 +561,7 @@ def run_flight_delays(
         recorder.fail(f"{type(exc).__name__}: {exc}")
         raise
     finally:
+        bar.close()
         _restore_stop_handlers(previous_handlers)
 
 
@@ -571,7 +594,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
     if record is not None and step_index(record["step"]) < step_index("segment"):
         # a switch asked for, or cut short before its commit point: the old checkpoint is at
         # rest and nothing is published, so do it now, before the old query starts again
-        log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record["switch_id"], record["step"])
+        log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record["switch_id"], record["step"],
+                 extra=STEP)
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, time.time())
         record = control.current()
     elif record is not None and step_index(record["step"]) < step_index("published"):
@@ -608,7 +632,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             control.save(record)
         log.info("run %s: query started: %s (strategy %s, P=%d, epoch %d, %s watermark, bound %d ms, batch base %d)", config.run_id,
                  query_name, seg_config.strategy, seg_config.partitions, seg_config.epoch, config.watermark, config.bound_ms,
-                 int(segment["batch_base"]))
+                 int(segment["batch_base"]), extra=STEP)
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
             and record.get("switch_id") == segment.get("switch_id") else None
         try:
@@ -717,6 +741,8 @@ def _publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, confi
                 "batch_duration_ms": record.get("durationMs", {}).get("triggerExecution"),
                 "events_read": sink.counters.processed_events,
                 "events_accounted": sink.counters.accounted_events,
+                "late_events": sink.counters.late_events,
+                "dead_letters": sink.counters.dead_letters,
                 # the stateful operator as Spark reports it: numRowsTotal, memoryUsedBytes (RocksDB)
                 "state_store": {"rows": (record.get("stateOperators") or [{}])[0].get("numRowsTotal"),
                                 "memory_bytes": (record.get("stateOperators") or [{}])[0].get("memoryUsedBytes")},
@@ -776,11 +802,12 @@ def _watch(
                 # at the previous version and the batch would run again on a restart
                 committed_ok = base + max(seen, default=-1) >= sink.last_batch_id
                 if counters.accounted_events == counters.processed_events and committed_ok and switching is None:
-                    log.info("run %s: all %d events accounted for; stopping", config.run_id, counters.processed_events)
+                    log.info("run %s: all %d events accounted for; stopping", config.run_id, counters.processed_events,
+                             extra=STEP)
                     state["outcome"] = "done"
                     return state
         if stop_requested.is_set():
-            log.info("run %s: stop requested; stopping at the batch boundary", config.run_id)
+            log.info("run %s: stop requested; stopping at the batch boundary", config.run_id, extra=STEP)
             state["outcome"] = "stopped"
             return state
         if switching is None and time.monotonic() >= next_poll:
@@ -792,7 +819,7 @@ def _watch(
                 request = None
             if request is not None and request.get("step") == "requested":
                 log.info("run %s: switch %s requested: %s/P=%d -> %s/P=%s", config.run_id, request["switch_id"],
-                         config.strategy, config.partitions, request["strategy_to"], request["partitions_to"])
+                         config.strategy, config.partitions, request["strategy_to"], request["partitions_to"], extra=STEP)
                 state["outcome"] = "switch"
                 state["switch_record"] = request
                 return state

@@ -54,7 +54,7 @@ def spark_conf(
 
 
 def build_spark_session(
-    app_name: str, master: str, conf: dict[str, str]
+    app_name: str, master: str, conf: dict[str, str], output: Path | None = None
 ) -> SparkSession:
     """Create (or reuse) the SparkSession with `conf`.
 
@@ -67,15 +67,27 @@ def build_spark_session(
         master: `local[*]`, `local[N]` or a cluster URL; ignored when spark-submit set one. A local
             master binds the driver and its UI to 127.0.0.1 (`SPARK_LOCAL_IP`, unless set).
         conf: from `spark_conf`.
+        output: a driver log (`keyshift.runlog`): when this call starts the driver JVM, the JVM's
+            stderr (Spark's log4j lines at WARN and above, the Python workers' output) is appended
+            to this file and only Spark's ERROR lines reach this process's stderr, one line each.
+            Ignored (logged) when the JVM runs already: under spark-submit, or after an earlier
+            session in this process. None (the default): the JVM writes to this process's
+            stdout and stderr, with Spark's own log4j defaults.
+
+    Raises:
+        StackError: the driver JVM exited while starting (with `output`; its words are in that file).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):  # nothing outside this host needs a local driver: its ports and UI on loopback
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName(app_name)
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit, which sets the master
-        builder = builder.master(master)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
+    if output is not None and _start_jvm_writing_to(output, app_name, master, conf):
+        builder = SparkSession.builder  # the SparkContext made there holds every setting
+    else:
+        builder = SparkSession.builder.appName(app_name)
+        if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit, which sets the master
+            builder = builder.master(master)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     actual_jars = spark.conf.get("spark.jars", "")
@@ -83,3 +95,37 @@ def build_spark_session(
         log.warning("spark.jars is %r, expected %r: the session existed before", actual_jars, conf["spark.jars"])
     log.info("Spark %s session %s on %s", spark.version, app_name, spark.sparkContext.master)
     return spark
+
+
+def _start_jvm_writing_to(output: Path, app_name: str, master: str, conf: dict[str, str]) -> bool:
+    """Start the driver JVM with its stderr appended to `output` and its stdout on this process's
+    stderr, log4j configured by `keyshift.runlog.LOG4J2_CONFIG`, and make the SparkContext with
+    `conf` on it. Returns False (nothing started) when a JVM exists already.
+
+    pyspark's `launch_gateway(popen_kwargs=...)` is the documented way to capture the JVM's
+    output; the JVM's Python workers inherit nothing from this process's streams, since Spark
+    copies their output into the JVM's stderr.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.java_gateway import launch_gateway
+
+    from keyshift import runlog
+    from keyshift.errors import StackError
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+        log.info("the driver JVM runs already; its output goes where it went (not to %s)", output)
+        return False
+    settings = dict(conf)
+    java_options = settings.get("spark.driver.extraJavaOptions", "")
+    settings["spark.driver.extraJavaOptions"] = f"{java_options} {runlog.jvm_options()}".strip()
+    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("ab") as jvm_stderr:
+        try:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": 2, "stderr": jvm_stderr})
+        except PySparkRuntimeError as exc:
+            raise StackError(f"the Spark driver JVM exited while starting ({exc}); its output is in {output}") from exc
+    SparkContext(conf=spark_conf, gateway=gateway)
+    log.info("driver JVM pid %d: its output goes to %s", gateway.proc.pid, output)
+    return True

@@ -164,7 +164,9 @@ def _during_batch(checkpoint: Path, process: subprocess.Popen, log: Path) -> Non
 
 
 def _during_final_flush(checkpoint: Path, process: subprocess.Popen, log: Path) -> None:
-    _wait(lambda: "writing end-of-input markers" in log.read_text(errors="replace"), process, 900, "the end-of-input markers")
+    driver_log = checkpoint.parent / "driver.log"  # `keyshift job run` keeps its INFO lines in the run's log, off the terminal
+    _wait(lambda: driver_log.exists() and "writing end-of-input markers" in driver_log.read_text(errors="replace"), process, 900,
+          "the end-of-input markers")
     planned = max(_batch_ids(checkpoint / "offsets"))
     _wait(lambda: (_running_batch(checkpoint) or -1) > planned, process, 300, "the batch that reads the markers")
 
