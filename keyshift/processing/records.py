@@ -39,6 +39,7 @@ A dead letter keeps its raw bytes: `raw_value` holds the value as text when it i
 from __future__ import annotations
 
 import json
+import re
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -155,18 +156,56 @@ def _value_reason(spec: JobSpec, key: Column, parsed: Column) -> Column:
     return reason.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit(MALFORMED_JSON))
 
 
-def _reason(spec: JobSpec, value: Column, key: Column, text: Column, variant: Column, parsed: Column) -> Column:
+_JAVA_JSON_WHITESPACE = r"[ \t\r\n]*"
+_JAVA_JSON_VALUE = {
+    # a JSON integer of at most 18 digits: always inside the 64-bit range; `-0` is left to the
+    # strict path
+    "bigint": r"(?:0|-?[1-9][0-9]{0,17})",
+    # a JSON string without escapes: RFC 8259's unescaped characters are U+0020-U+10FFFF but
+    # '"' and '\\' (the bytes are valid UTF-8 by then, so no lone surrogate can appear)
+    "string": r'"[^"\\\x00-\x1F]*"',
+}
+
+
+def canonical_record_pattern(spec: JobSpec) -> str:
+    """A Java regular expression (Spark's `rlike`) matching the records written in the spec's
+    canonical shape: one JSON object with exactly the spec's fields, in the spec's order, each
+    once, of the spec's type (a long as an integer of at most 18 digits, a string without escape
+    sequences), JSON whitespace allowed where RFC 8259 allows it.
+
+    Every record it matches passes rules 1 to 5 of the module docstring (it is non-empty, strict
+    JSON, an object, each field present, non-null and well typed, nothing after the object), and
+    `from_json` reads its fields exactly, so validation judges it by rules 6 and 7 alone, without
+    the variant parse that rules 3 to 5 need (about 2 s of the 2 cores per 500,000 records). A
+    record it does not match (another field order, an extra field, an escape, a marker, anything
+    malformed) takes the strict path, so the pattern changes speed, never a result.
+    """
+    ws = _JAVA_JSON_WHITESPACE
+    members = f"{ws},{ws}".join(
+        f'"{re.escape(f.name)}"{ws}:{ws}{_JAVA_JSON_VALUE[f.spark_type.simpleString()]}' for f in spec.fields
+    )
+    return rf"\A{ws}\{{{ws}{members}{ws}\}}{ws}\z"
+
+
+def _reason(spec: JobSpec, value: Column, key: Column, text: Column, variant: Column, parsed: Column,
+            canonical: Column | None = None) -> Column:
     """The first validation rule a record breaks, or NULL when it is valid (see module docstring).
 
-    Spark evaluates a CASE branch only when it is reached, so the per-field checks run only for
-    records whose variant schema is not `expected_variant_schema(spec)`.
+    Spark evaluates a CASE branch only when it is reached, so a record matching `canonical`
+    (true for `canonical_record_pattern(spec)`) is judged by the value rules alone, and the
+    per-field checks run only for records whose variant schema is not
+    `expected_variant_schema(spec)`.
     """
     schema = F.schema_of_variant(variant)
     per_field = F.coalesce(*[_field_reason(variant, f.name, f.spark_type) for f in spec.fields], _value_reason(spec, key, parsed))
-    return (
+    reason = (
         F.when(value.isNull() | (F.octet_length(value) == 0), F.lit(EMPTY_VALUE))
         .when(~F.is_valid_utf8(value.cast("string")), F.lit(INVALID_UTF8))
-        .when(F.btrim(text, F.lit(JSON_WHITESPACE)) == "", F.lit(EMPTY_VALUE))
+    )
+    if canonical is not None:
+        reason = reason.when(canonical, _value_reason(spec, key, parsed))
+    return (
+        reason.when(F.btrim(text, F.lit(JSON_WHITESPACE)) == "", F.lit(EMPTY_VALUE))
         .when(variant.isNull(), F.lit(MALFORMED_JSON))
         .when(~schema.startswith("OBJECT<"), F.lit(NOT_AN_OBJECT))
         .when(~F.rtrim(text, F.lit(JSON_WHITESPACE)).endswith("}"), F.lit(MALFORMED_JSON))
@@ -175,7 +214,7 @@ def _reason(spec: JobSpec, value: Column, key: Column, text: Column, variant: Co
     )
 
 
-def validate_records(kafka_rows: DataFrame, spec: JobSpec) -> DataFrame:
+def validate_records(kafka_rows: DataFrame, spec: JobSpec, canonical_fast_path: bool = True) -> DataFrame:
     """Parse and validate raw Kafka rows; keep the raw bytes for a later dead-letter payload.
 
     Args:
@@ -192,6 +231,10 @@ def validate_records(kafka_rows: DataFrame, spec: JobSpec) -> DataFrame:
         marker's run, NULL for events), and the raw `raw_value_bytes`, `raw_key_bytes` (binary).
         Every input row yields one row. Call `with_dead_letter_payload` on it (after any
         further rule that adds a reason).
+
+    With `canonical_fast_path` (the default), records matching `canonical_record_pattern(spec)`
+    skip the variant parse; False parses every record strictly (same results, slower: the
+    tests compare both).
     """
     value = F.col("value")
     utf8 = F.is_valid_utf8(value.cast("string"))
@@ -202,12 +245,20 @@ def validate_records(kafka_rows: DataFrame, spec: JobSpec) -> DataFrame:
         text.alias("_text"),
         F.col("partition").cast("int").alias("kafka_partition"),
         F.col("offset").cast("long").alias("kafka_offset"),
-    ).select(
+    )
+    if canonical_fast_path:
+        canonical = F.coalesce(F.col("_text").rlike(canonical_record_pattern(spec)), F.lit(False))
+        staged = staged.select("*", canonical.alias("_canonical"))
+        variant = F.when(~F.col("_canonical"), F.try_parse_json(F.col("_text")))  # parsed only off the fast path
+    else:
+        variant = F.try_parse_json(F.col("_text"))
+    staged = staged.select(
         "*",
         F.from_json(F.col("_text"), value_schema(spec), {"columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias("_parsed"),
-        F.try_parse_json(F.col("_text")).alias("_variant"),
+        variant.alias("_variant"),
     )
-    reason = _reason(spec, F.col("_value"), F.col("_key"), F.col("_text"), F.col("_variant"), F.col("_parsed"))
+    reason = _reason(spec, F.col("_value"), F.col("_key"), F.col("_text"), F.col("_variant"), F.col("_parsed"),
+                     F.col("_canonical") if canonical_fast_path else None)
     is_control = F.coalesce(F.col("_text").startswith(END_OF_INPUT_PREFIX), F.lit(False))
     staged = staged.select("*", reason.alias("dead_letter_reason"), is_control.alias("is_control"))
     valid = F.col("dead_letter_reason").isNull() | F.col("is_control")

@@ -6,7 +6,9 @@ import json
 import pytest
 
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.records import MAX_CODE_BYTES, end_of_input_marker, expected_variant_schema, parse_records, reasons
+from keyshift.processing.records import (
+    MAX_CODE_BYTES, canonical_record_pattern, end_of_input_marker, expected_variant_schema, parse_records, reasons, validate_records,
+)
 
 EXPECTED_VARIANT_SCHEMA = expected_variant_schema(FLIGHT_DELAYS)
 REASONS = reasons(FLIGHT_DELAYS)
@@ -133,3 +135,48 @@ def test_end_of_input_marker(spark):
     assert row.control_run_id == "run-1"
     assert row.event_time_ms == 5_000
     assert row.dead_letter_reason is None
+
+
+# Records the canonical fast path must leave to the strict path, or judge exactly as it would.
+CANONICAL = '{"event_id":7,"origin":"ORD","destination":"LGA","delay_min":-12,"distance_mi":733,"event_time":978307260000}'
+FAST_PATH_CASES = [
+    (b"ORD", raw(CANONICAL), None),  # what the replay writes: the fast path
+    (b"ORD", raw(" \n" + CANONICAL.replace(",", " ,\t").replace(":", ": ") + "\r\n"), None),  # JSON whitespace
+    (b"ORD", raw(CANONICAL.replace('"LGA"', '"L\\u0047A"')), None),  # an escape: strict path, same value
+    (b"ORD", raw(CANONICAL.replace('"LGA"', '"LG\\"A"')), None),  # an escaped quote inside a code
+    (b"ORD", raw(CANONICAL.replace('"LGA"', '"\\ud800"')), "malformed JSON"),  # lone surrogate, escaped
+    (b"ORD", raw(CANONICAL.replace('"LGA"', '"L\tA"')), "malformed JSON"),  # a raw control character
+    (b"ORD", raw(CANONICAL.replace("-12", "-0")), None),  # -0: strict path
+    (b"ORD", raw(CANONICAL.replace("-12", "012")), "malformed JSON"),  # a leading zero
+    (b"ORD", raw(CANONICAL.replace("733", "9223372036854775807")), None),  # 19 digits, in range: strict path
+    (b"ORD", raw(CANONICAL.replace("733", "9223372036854775808")), "wrong type for distance_mi"),
+    (b"ORD", raw(CANONICAL.replace("-12", "-12.0")), "wrong type for delay_min"),
+    (b"ORD", raw(CANONICAL.replace("-12", "-1e1")), "wrong type for delay_min"),
+    (b"ORD", raw(CANONICAL.replace('"origin":"ORD"', '"origin":"ORD","origin":"ORD"')), "malformed JSON"),
+    (b"ORD", raw(CANONICAL + "}"), None),  # text after the object ending in } passes (module docstring, rule 3)
+    (b"ORD", raw(CANONICAL.replace('"ORD"', '""')), "empty origin"),  # the value rules still apply, in order
+    (b"", raw(CANONICAL.replace('"ORD"', '""')), "empty origin"),
+    (b"ORD", raw(CANONICAL.replace("7,", "-7,", 1)), "negative event_id"),
+    (b"ORD", raw(CANONICAL.replace("978307260000", "-1")), "negative event_time"),
+    (b"LGA", raw(CANONICAL), "key does not match origin"),
+]
+
+
+@pytest.mark.parametrize("cases", [CASES, FAST_PATH_CASES], ids=["validation cases", "fast path cases"])
+def test_the_canonical_fast_path_changes_no_result(spark, cases):
+    """Records in the replay's canonical shape skip the variant parse; every record gets the same
+    row with and without that shortcut, and the expected reason."""
+    rows = [(k, v, 3, i) for i, (k, v, _) in enumerate(cases)]
+    frame = spark.createDataFrame(rows, "key BINARY, value BINARY, partition INT, offset LONG")
+    fast = validate_records(frame, FLIGHT_DELAYS).orderBy("kafka_offset").collect()
+    strict = validate_records(frame, FLIGHT_DELAYS, canonical_fast_path=False).orderBy("kafka_offset").collect()
+    assert fast == strict
+    assert [row.dead_letter_reason for row in fast] == [reason for _, _, reason in cases]
+
+
+def test_the_canonical_pattern_matches_the_replays_records_only(spark):
+    pattern = canonical_record_pattern(FLIGHT_DELAYS)
+    texts = [CANONICAL, value(), CANONICAL.replace('"LGA"', '"L\\u0047A"'), CANONICAL.replace("-12", "-0"),
+             value(comment="extra"), CANONICAL[:-1], CANONICAL + " x"]
+    frame = spark.createDataFrame([(t,) for t in texts], "t STRING")
+    assert [r.m for r in frame.select(frame.t.rlike(pattern).alias("m")).collect()] == [True, True, False, False, False, False, False]
