@@ -196,13 +196,30 @@ def event_time_ms(dates: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.floor_divide(micros.to_numpy(), 1000)
 
 
-def _json_strings(column: pa.Array) -> pa.Array:
+def json_strings(column: pa.Array) -> pa.Array:
     """Each string as a JSON string literal (quoted, escaped), escaping each distinct value once."""
     encoded = pc.dictionary_encode(column)
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
     literals = pa.array([json.dumps(s) for s in encoded.dictionary.to_pylist()], pa.string())
     return literals.take(encoded.indices)
+
+
+def json_objects(columns: list[tuple[str, pa.Array]]) -> list[bytes]:
+    """Compact JSON objects, one per row, from columns of JSON literals (Arrow kernels, no per-row Python).
+
+    Args:
+        columns: (field name, its values as JSON text: `json_strings(...)` for strings,
+            `pc.cast(ints, pa.string())` for integers), in the order the fields are written;
+            every array of the same length.
+
+    Returns:
+        UTF-8 bytes per row, e.g. `b'{"event_id":0,"origin":"LAS"}'`.
+    """
+    parts: list[object] = []
+    for index, (name, literals) in enumerate(columns):
+        parts += [("{" if index == 0 else ",") + json.dumps(name) + ":", literals]
+    return pc.binary_join_element_wise(*parts, "}", "").cast(pa.binary()).to_pylist()
 
 
 def encode_values(
@@ -237,25 +254,15 @@ def encode_values(
             raise DataError(f"flights column {name!r} holds {batch.column(name).null_count} nulls")
     if batch.num_rows == 0:
         return []
-    text = pc.binary_join_element_wise(
-        '{"event_id":',
-        pa.array(np.asarray(event_ids, dtype=np.int64)).cast(pa.string()),
-        ',"origin":',
-        _json_strings(batch.column("origin")),
-        ',"destination":',
-        _json_strings(batch.column("destination")),
-        ',"delay_min":',
-        pc.cast(batch.column("delay"), pa.int64()).cast(pa.string()),
-        ',"distance_mi":',
-        pc.cast(batch.column("distance"), pa.int64()).cast(pa.string()),
-        ',"event_time":',
-        pa.array(
-            event_time_ms(batch.column("date")) if event_times is None else np.asarray(event_times, dtype=np.int64)
-        ).cast(pa.string()),
-        "}",
-        "",  # separator
-    )
-    return text.cast(pa.binary()).to_pylist()
+    times = event_time_ms(batch.column("date")) if event_times is None else np.asarray(event_times, dtype=np.int64)
+    return json_objects([
+        ("event_id", pa.array(np.asarray(event_ids, dtype=np.int64)).cast(pa.string())),
+        ("origin", json_strings(batch.column("origin"))),
+        ("destination", json_strings(batch.column("destination"))),
+        ("delay_min", pc.cast(batch.column("delay"), pa.int64()).cast(pa.string())),
+        ("distance_mi", pc.cast(batch.column("distance"), pa.int64()).cast(pa.string())),
+        ("event_time", pa.array(times).cast(pa.string())),
+    ])
 
 
 def iter_flight_batches(
