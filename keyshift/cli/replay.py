@@ -20,16 +20,16 @@ def command() -> None:
     quiet_kafka_logs()
 
 
-def placement_options(key: str):
-    """The --strategy and --partitions options of a replay whose records are keyed by `key`."""
+def placement_options(key: str, learned: str):
+    """The --strategy and --partitions options of a replay whose records are keyed by `key`;
+    `learned` says where its learned strategies' assignment comes from."""
     strategy = click.option(
         "--strategy",
         type=click.Choice(STRATEGY_NAMES),
         default="hash",
         show_default=True,
-        help=f"Placement strategy: record key ({key}) -> partition. least_key, least_count and hot_split use the "
-        "assignment published under --topic (`keyshift topics create --strategy NAME`); round_robin sends event n "
-        "to partition n mod P whatever its key.",
+        help=f"Placement strategy: record key ({key}) -> partition. least_key, least_count and hot_split {learned}; "
+        "round_robin sends event n to partition n mod P whatever its key.",
     )
     partitions = click.option(
         "--partitions",
@@ -58,7 +58,7 @@ def placement_options(key: str):
     metavar="EVENTS_PER_S",
     help="Average produce rate in events/s (token bucket).",
 )
-@placement_options("origin")
+@placement_options("origin", "use the assignment published under --topic (`keyshift topics create --strategy NAME`)")
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
@@ -178,7 +178,9 @@ def flights(
     show_default="uniform",
     help="Skew ads' popularity: the ad of rank r is drawn with probability proportional to r^-S.",
 )
-@placement_options("campaign_id")
+@placement_options(
+    "campaign_id", "are learned from the campaign counts of the run's first 10 % of events and published under --topic"
+)
 @click.option(
     "--start-ms",
     type=click.IntRange(min=0),

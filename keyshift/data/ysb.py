@@ -39,7 +39,8 @@ What was written, for checking results (`runs/ysb-<run_id>/`):
   `campaign_id` (string), `window_start_ms` (int64, epoch ms, a multiple of `WINDOW_MS`: the
   window is [window_start_ms, window_start_ms + 10,000)), `views` (int64, view events of the
   campaign's ads with event_time in the window); sorted by campaign_id, window_start_ms.
-* `ysb.json`: the parameters, the topic, strategy, epoch and per-partition counts, the totals per
+* `ysb.json`: the parameters, the topic, strategy, epoch (`learned_from_events`: the head a learned
+  strategy was learned from) and per-partition counts, the totals per
   event type, views, windows, the first and last event_time, and `behind_schedule_ms` (how far the
   sends fell behind the events' times at worst; wall-clock runs only).
 """
@@ -77,6 +78,7 @@ from keyshift.data.replay import (
 )
 from keyshift.errors import ConfigurationError, StackError
 from keyshift.names import redis_replay_key, redis_ysb_ad_campaign_key, redis_ysb_campaigns_key
+from keyshift.placement.learning import LEARN_FRACTION, LEARNED_STRATEGIES, publish_learned
 from keyshift.placement.strategies import Strategy
 from keyshift.settings import Settings
 from keyshift.topics import end_offsets, kafka_config
@@ -398,6 +400,15 @@ def count_views(frame: pd.DataFrame) -> pd.DataFrame:
     return counted.sort_values(["campaign_id", "window_start_ms"], ignore_index=True)
 
 
+def campaign_counts(stream: EventStream, events: int) -> dict[str, int]:
+    """Events per campaign id among the stream's first `events` events (>= 0), campaigns in the
+    order they first appear (the history a learned strategy is built from)."""
+    codes = np.concatenate([batch.campaigns for batch in stream.batches(events)] or [np.zeros(0, np.int64)])
+    found, first = np.unique(codes, return_index=True)
+    counts = np.bincount(codes, minlength=len(stream.cmap.campaigns))
+    return {stream.cmap.campaigns[c]: int(counts[c]) for c in found[np.argsort(first)].tolist()}
+
+
 def write_campaign_map(settings: Settings, topic: str, cmap: CampaignMap) -> None:
     """Replace the topic's YSB map in Redis: the hash ad_id -> campaign_id and the campaigns set,
     both deleted and written again in one MULTI/EXEC (a reader never sees half a map).
@@ -475,8 +486,10 @@ def generate_ysb(
             the send rate (token bucket).
         duration: seconds of generation (event time) > 0.
         campaigns, ads_per_campaign: C >= 1, A >= 1. seed: int >= 0. zipf: None or s > 0.
-        strategy: a strategy name or `Strategy` placing campaign ids (`resolve_placer`; a learned
-            name uses the assignment published under `topic`).
+        strategy: a strategy name or `Strategy` placing campaign ids (`resolve_placer`). A learned
+            name (least_key, least_count, hot_split) is first learned from the campaign counts of
+            this run's first `LEARN_FRACTION` (10 %) of events and published under `topic` with a
+            new epoch (`publish_learned`), then read back as the flights replay reads one.
         partitions: P expected; None = the topic's.
         start_ms: None = wall clock (the first event's time is now, sends paced at `rate`); an
             epoch ms >= 0 = backfill: event times from there, sent as fast as possible.
@@ -509,6 +522,13 @@ def generate_ysb(
     if run_dir.exists():
         raise ConfigurationError(f"{run_dir} exists already; choose another --run-id")
 
+    learned_from = None
+    if isinstance(strategy, str) and strategy in LEARNED_STRATEGIES:
+        # learn from this run's own head (the flights' counts mean nothing here), publish, then place by it
+        info, _ = resolve_placer(settings, topic, "hash", partitions)  # the topic exists and has P partitions
+        learned_from = max(1, int(events * LEARN_FRACTION))
+        counts = campaign_counts(stream, learned_from)
+        publish_learned(settings, topic, strategy, info.partitions, counts, learned_from, source="YSB events")
     info, placer = resolve_placer(settings, topic, strategy, partitions)
     slot_by_key, split_by_key = place_keys(placer, cmap.campaigns)
     write_campaign_map(settings, topic, cmap)
@@ -561,6 +581,7 @@ def generate_ysb(
         "views": int(expected["views"].sum()), "windows": len(expected), "window_ms": WINDOW_MS,
         "first_event_time_ms": counter.first_ms, "last_event_time_ms": counter.last_ms,
         "behind_schedule_ms": max(0, behind_ms), "strategy": placer.name, "epoch": placer.epoch,
+        "learned_from_events": learned_from,
         "partitions": info.partitions, "per_partition": per_partition, "start_offsets": before,
         "end_offsets": after, "seconds": round(seconds, 3),
         "ad_campaign_key": redis_ysb_ad_campaign_key(topic), "campaigns_key": redis_ysb_campaigns_key(topic),

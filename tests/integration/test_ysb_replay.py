@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from keyshift.cli.replay import command as replay_command
 from keyshift.data.ysb import RECORD_FIELDS, campaign_map, count_views, generate_ysb
 from keyshift.names import redis_replay_key, redis_ysb_ad_campaign_key, redis_ysb_campaigns_key
+from keyshift.placement.assignment_store import AssignmentStore
 from keyshift.placement.strategies import HashStrategy
 from keyshift.runs import redis_client
 from keyshift.topics import create_topics, delete_topics
@@ -114,3 +115,25 @@ def test_wall_clock_run_stamps_its_send_time(stack_settings, topic, read_topic, 
     assert after_ms - before_ms >= 900  # paced: 500 events at 500 events/s take about a second
     # each record is sent near its event time (the token bucket allows 0.1 s ahead; 2 s of slack behind)
     assert (events["timestamp"] - events["event_time"]).between(-200, 2_000).all()
+
+
+def test_learned_least_count_learns_from_the_runs_head_and_places_by_it(stack_settings, topic, read_topic, tmp_path) -> None:
+    settings = stack_settings.model_copy(update={"runs_dir": tmp_path})
+    result = generate_ysb(
+        settings, topic, rate=5_000.0, duration=1.0, seed=9, zipf=1.0, strategy="least_count",
+        start_ms=START_MS, run_id="it4", progress=False,
+    )
+    published = AssignmentStore.from_settings(stack_settings, topic)
+    try:
+        assert (result.replay.strategy, result.replay.epoch) == ("least_count", published.epoch()) and published.epoch() >= 1
+        events = read_events(read_topic, topic)
+        assert (events["partition"] == events["key"].map(published.slot_of)).all()  # placed by the published map
+        summary = json.loads((result.run_dir / "ysb.json").read_text())
+        assert summary["learned_from_events"] == 500  # 10 % of the run's 5,000 events
+        # the same events by Kafka's hash: least_count, learned from the skewed head, balances better
+        learned_loads = events["partition"].value_counts().reindex(range(PARTITIONS), fill_value=0)
+        hashed = HashStrategy(partitions=PARTITIONS)
+        hash_loads = events["key"].map(hashed.slot_of).value_counts().reindex(range(PARTITIONS), fill_value=0)
+        assert learned_loads.min() / learned_loads.max() > hash_loads.min() / hash_loads.max()
+    finally:
+        published.delete()

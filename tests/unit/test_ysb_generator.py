@@ -21,6 +21,7 @@ from keyshift.data.ysb import (
     EventStream,
     ViewCounter,
     ad_popularity,
+    campaign_counts,
     campaign_map,
     count_views,
     event_times_ms,
@@ -284,3 +285,12 @@ def test_records_are_placed_by_their_campaign_or_round_robin() -> None:
     slot_by_key, split = place_keys(RoundRobinStrategy(partitions=8), keys)
     slots = event_slots(keys, batch.campaigns, batch.event_ids, slot_by_key, split)
     assert slots.tolist() == (batch.event_ids % 8).tolist()
+
+
+def test_campaign_counts_are_the_heads_campaigns_in_arrival_order() -> None:
+    source = stream(zipf=1.0)
+    counts = campaign_counts(source, 5_000)
+    head = sample(source, 5_000)
+    assert list(counts) == list(pd.unique(head["campaign_id"]))  # first appearance order
+    assert counts == head["campaign_id"].value_counts().to_dict()
+    assert campaign_counts(source, 0) == {}
