@@ -514,7 +514,7 @@ def generate_ysb(
         raise ConfigurationError(f"run id must be letters, digits, '.', '_' or '-', not starting with '.', got {run_id!r}")
     cmap = campaign_map(campaigns, ads_per_campaign, seed)
     wall_clock = start_ms is None
-    stream = EventStream(cmap, seed, int(time.time() * 1000) if wall_clock else start_ms, rate, zipf)
+    stream = EventStream(cmap, seed, 0 if wall_clock else start_ms, rate, zipf)  # wall clock: restarted below
     events = int(math.floor(rate * duration))
     if events < 1:
         raise ConfigurationError(f"rate x duration = {rate:g} x {duration:g} s makes no event; raise either")
@@ -542,11 +542,13 @@ def generate_ysb(
         f"{events:,}", topic, campaigns, ads_per_campaign, zipf, seed, info.partitions, placer.name, placer.epoch,
         f"wall clock at {rate:,.0f} events/s" if wall_clock else f"backfill from {start_ms} ms",
     )
-    started_at = datetime.now(UTC)
-    started = time.perf_counter()
-    producer = open_producer(kafka_config(settings, "keyshift-ysb"))
     bucket, step = pacing(rate if wall_clock else None)
     bar = tqdm(total=events, unit="ev", unit_scale=True, desc=f"ysb {topic}", disable=not progress, mininterval=0.5)
+    producer = open_producer(kafka_config(settings, "keyshift-ysb"))
+    if wall_clock:  # the first event's time is when sending starts, after the checks and the learning
+        stream = EventStream(cmap, seed, int(time.time() * 1000), rate, zipf)
+    started_at = datetime.now(UTC)
+    started = time.perf_counter()
     try:
         with bar:
             for batch in stream.batches(events):
