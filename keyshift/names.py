@@ -10,6 +10,13 @@ LATE_TOPIC = "flights-late"
 ALERTS_TOPIC = "flight-delay-alerts"
 FLIGHT_TOPICS = (FLIGHTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, ALERTS_TOPIC)
 
+# Kafka topics of the Yahoo Streaming Benchmark (keyshift.data.ysb writes the first; the YSB job
+# will send its dead letters and late events to the other two).
+YSB_TOPIC = "ysb-ad-events"
+YSB_DEAD_LETTER_TOPIC = "ysb-ad-events-dead-letter"
+YSB_LATE_TOPIC = "ysb-ad-events-late"
+YSB_TOPICS = (YSB_TOPIC, YSB_DEAD_LETTER_TOPIC, YSB_LATE_TOPIC)
+
 SINK_COMMITS_TOPIC = "keyshift-sink-commits"
 """The topic whose partition 0 carries, per run, the consumer-group offset that a side-output
 transaction commits with its records (last committed batch id + 1; see
@@ -80,3 +87,13 @@ def redis_switch_lock_key(run_id: str) -> str:
 def redis_switch_history_key(run_id: str) -> str:
     """Redis list of a run's finished switch records (JSON, newest first)."""
     return f"{REDIS_PREFIX}:switch:run:{run_id}:history"
+
+
+def redis_ysb_ad_campaign_key(topic: str) -> str:
+    """Redis hash of the YSB generator that last wrote `topic`: ad_id -> campaign_id (the join table)."""
+    return f"{REDIS_PREFIX}:ysb:{topic}:ad_campaign"
+
+
+def redis_ysb_campaigns_key(topic: str) -> str:
+    """Redis set of the campaign ids of the YSB generator that last wrote `topic`."""
+    return f"{REDIS_PREFIX}:ysb:{topic}:campaigns"

@@ -1,4 +1,5 @@
-"""`keyshift replay`: produce a real data set into Kafka in event-time order, or with sources made late."""
+"""`keyshift replay`: produce a real data set into Kafka in event-time order, or with sources made late;
+or generate the Yahoo Streaming Benchmark's ad events (`keyshift replay ysb`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from keyshift import stack
 from keyshift.cli.topics import quiet_kafka_logs
 from keyshift.data.disorder import DEFAULT_SOURCE_DELAY_S, DisorderPlan, validate_disorder
 from keyshift.data.replay import replay_flights
-from keyshift.names import FLIGHTS_TOPIC
+from keyshift.names import FLIGHTS_TOPIC, YSB_TOPIC
 from keyshift.placement.strategies import STRATEGY_NAMES
 from keyshift.settings import Settings
 
@@ -17,6 +18,27 @@ from keyshift.settings import Settings
 def command() -> None:
     """Replay real data sets into Kafka, placed by a keyshift strategy."""
     quiet_kafka_logs()
+
+
+def placement_options(key: str, learned: str):
+    """The --strategy and --partitions options of a replay whose records are keyed by `key`;
+    `learned` says where its learned strategies' assignment comes from."""
+    strategy = click.option(
+        "--strategy",
+        type=click.Choice(STRATEGY_NAMES),
+        default="hash",
+        show_default=True,
+        help=f"Placement strategy: record key ({key}) -> partition. least_key, least_count and hot_split {learned}; "
+        "round_robin sends event n to partition n mod P whatever its key.",
+    )
+    partitions = click.option(
+        "--partitions",
+        type=click.IntRange(min=1),
+        default=None,
+        show_default="the topic's",
+        help="Expected partition count P; the replay refuses a topic with another count.",
+    )
+    return lambda function: strategy(partitions(function))
 
 
 @command.command()
@@ -36,20 +58,7 @@ def command() -> None:
     metavar="EVENTS_PER_S",
     help="Average produce rate in events/s (token bucket).",
 )
-@click.option(
-    "--strategy",
-    type=click.Choice(STRATEGY_NAMES),
-    default="hash",
-    help="Placement strategy: key -> partition. least_key, least_count and hot_split use the assignment "
-    "published under --topic (`keyshift topics create --strategy NAME`).",
-)
-@click.option(
-    "--partitions",
-    type=click.IntRange(min=1),
-    default=None,
-    show_default="the topic's",
-    help="Expected partition count P; the replay refuses a topic with another count.",
-)
+@placement_options("origin", "use the assignment published under --topic (`keyshift topics create --strategy NAME`)")
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
@@ -140,6 +149,100 @@ def flights(
         click.echo(f"  {key} split over slots {', '.join(map(str, slots))}: event_id % {len(slots)} picks the slot")
     for partition, count in result.per_partition.items():
         click.echo(f"  partition {partition}: {count:>10,} produced, end offset {result.end_offsets[partition]:,}")
+
+
+@command.command()
+@click.option("--topic", default=YSB_TOPIC, show_default=True, help="Topic to produce to; it must exist (`keyshift topics create ysb-ad-events`).")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    metavar="EVENTS_PER_S",
+    help="Events per second: the send rate (token bucket) and the spacing of event times (1000/rate ms).",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    metavar="SECONDS",
+    help="Seconds of generation (of event time); floor(rate x duration) events in all.",
+)
+@click.option("--campaigns", type=click.IntRange(min=1), default=100, show_default=True, help="Campaigns (the job's keys).")
+@click.option("--ads-per-campaign", type=click.IntRange(min=1), default=10, show_default=True, help="Ads per campaign.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed: same seed, same ids and events.")
+@click.option(
+    "--zipf",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="S",
+    show_default="uniform",
+    help="Skew ads' popularity: the ad of rank r is drawn with probability proportional to r^-S.",
+)
+@placement_options(
+    "campaign_id", "are learned from the campaign counts of the run's first 10 % of events and published under --topic"
+)
+@click.option(
+    "--start-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="EPOCH_MS",
+    show_default="now, paced in real time",
+    help="Backfill: event times from this epoch millisecond, sent as fast as possible (no wall-clock pacing).",
+)
+@click.option("--run-id", default=None, show_default="ysb-<UTC time>-<hex>", help="Names the record folder runs/ysb-<run_id>/.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+def ysb(
+    topic: str,
+    rate: float,
+    duration: float,
+    campaigns: int,
+    ads_per_campaign: int,
+    seed: int,
+    zipf: float | None,
+    strategy: str,
+    partitions: int | None,
+    start_ms: int | None,
+    run_id: str | None,
+    progress: bool,
+) -> None:
+    """Yahoo Streaming Benchmark generator: JSON ad events to --topic, the ad -> campaign map to Redis.
+
+    Value: {"event_id", "user_id", "page_id", "ad_id", "ad_type", "event_type" (view, click,
+    purchase, uniform), "event_time" (epoch ms), "ip_address"}; key: the ad's campaign_id. Writes
+    runs/ysb-<run_id>/expected_views.parquet (views per campaign and 10-second window) and
+    ysb.json (parameters and totals per event type).
+    """
+    from keyshift.cli.job import new_run_id
+    from keyshift.data.ysb import generate_ysb
+
+    settings = Settings()
+    stack.require(settings, "kafka", "redis")
+    result = generate_ysb(
+        settings,
+        topic,
+        rate=rate,
+        duration=duration,
+        campaigns=campaigns,
+        ads_per_campaign=ads_per_campaign,
+        seed=seed,
+        zipf=zipf,
+        strategy=strategy,
+        partitions=partitions,
+        start_ms=start_ms,
+        run_id=run_id or new_run_id("ysb").removeprefix("ysb-"),
+        progress=progress,
+    )
+    replay = result.replay
+    click.echo(
+        f"produced {replay.events_produced:,} YSB events to {replay.topic} in {replay.seconds:.1f} s "
+        f"({replay.events_per_s:,.0f} events/s, strategy {replay.strategy}, epoch {replay.epoch}); "
+        + ", ".join(f"{count:,} {name}" for name, count in result.events_by_type.items())
+    )
+    click.echo(f"  {result.views:,} views in {result.windows:,} campaign windows; record in {result.run_dir}")
+    if result.wall_clock:
+        click.echo(f"  at worst {result.behind_schedule_ms:,} ms behind the events' times")
+    for partition, count in replay.per_partition.items():
+        click.echo(f"  partition {partition}: {count:>10,} produced, end offset {replay.end_offsets[partition]:,}")
 
 
 def describe_disorder(plan: DisorderPlan) -> str:

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,7 +74,7 @@ from keyshift.names import redis_replay_key
 from keyshift.placement.learning import LEARNED_STRATEGIES, published_assignment
 from keyshift.placement.strategies import SlotCache, Strategy, place_events, strategy_by_name
 from keyshift.settings import Settings
-from keyshift.topics import describe_topics, end_offsets, kafka_config
+from keyshift.topics import TopicInfo, describe_topics, end_offsets, kafka_config
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +196,30 @@ def event_time_ms(dates: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.floor_divide(micros.to_numpy(), 1000)
 
 
-def _json_strings(column: pa.Array) -> pa.Array:
+def json_strings(column: pa.Array) -> pa.Array:
     """Each string as a JSON string literal (quoted, escaped), escaping each distinct value once."""
     encoded = pc.dictionary_encode(column)
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
     literals = pa.array([json.dumps(s) for s in encoded.dictionary.to_pylist()], pa.string())
     return literals.take(encoded.indices)
+
+
+def json_objects(columns: list[tuple[str, pa.Array]]) -> list[bytes]:
+    """Compact JSON objects, one per row, from columns of JSON literals (Arrow kernels, no per-row Python).
+
+    Args:
+        columns: (field name, its values as JSON text: `json_strings(...)` for strings,
+            `pc.cast(ints, pa.string())` for integers), in the order the fields are written;
+            every array of the same length.
+
+    Returns:
+        UTF-8 bytes per row, e.g. `b'{"event_id":0,"origin":"LAS"}'`.
+    """
+    parts: list[object] = []
+    for index, (name, literals) in enumerate(columns):
+        parts += [("{" if index == 0 else ",") + json.dumps(name) + ":", literals]
+    return pc.binary_join_element_wise(*parts, "}", "").cast(pa.binary()).to_pylist()
 
 
 def encode_values(
@@ -237,25 +254,15 @@ def encode_values(
             raise DataError(f"flights column {name!r} holds {batch.column(name).null_count} nulls")
     if batch.num_rows == 0:
         return []
-    text = pc.binary_join_element_wise(
-        '{"event_id":',
-        pa.array(np.asarray(event_ids, dtype=np.int64)).cast(pa.string()),
-        ',"origin":',
-        _json_strings(batch.column("origin")),
-        ',"destination":',
-        _json_strings(batch.column("destination")),
-        ',"delay_min":',
-        pc.cast(batch.column("delay"), pa.int64()).cast(pa.string()),
-        ',"distance_mi":',
-        pc.cast(batch.column("distance"), pa.int64()).cast(pa.string()),
-        ',"event_time":',
-        pa.array(
-            event_time_ms(batch.column("date")) if event_times is None else np.asarray(event_times, dtype=np.int64)
-        ).cast(pa.string()),
-        "}",
-        "",  # separator
-    )
-    return text.cast(pa.binary()).to_pylist()
+    times = event_time_ms(batch.column("date")) if event_times is None else np.asarray(event_times, dtype=np.int64)
+    return json_objects([
+        ("event_id", pa.array(np.asarray(event_ids, dtype=np.int64)).cast(pa.string())),
+        ("origin", json_strings(batch.column("origin"))),
+        ("destination", json_strings(batch.column("destination"))),
+        ("delay_min", pc.cast(batch.column("delay"), pa.int64()).cast(pa.string())),
+        ("distance_mi", pc.cast(batch.column("distance"), pa.int64()).cast(pa.string())),
+        ("event_time", pa.array(times).cast(pa.string())),
+    ])
 
 
 def iter_flight_batches(
@@ -347,6 +354,48 @@ def event_slots(
     return place_events(codes, event_ids, key_slots, pieces)
 
 
+def place_keys(strategy: Strategy, keys: Iterable[str]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """Place each distinct key once: its slot, and its slots when the strategy spreads it.
+
+    A key-affine strategy places per key (`SlotCache`). A strategy with `slots_of(key)`
+    (hot_split, round_robin, or a `CachedAssignment` of a published hot_split assignment) gives
+    each key's slots; a key with k >= 2 slots is then placed per event, `slots[event_id % k]`
+    (`event_slots`).
+
+    Args:
+        strategy: the placer. keys: the distinct keys (str), each placed once, in this order.
+
+    Returns:
+        (key -> its slot, the first of its slots when spread; key -> its slots, for the keys
+        spread over two slots or more only).
+
+    Raises:
+        PlacementError: a strategy that is neither key-affine nor able to list a key's slots,
+            or a slot outside [0, P - 1].
+    """
+    partitions = strategy.partitions
+    if strategy.key_affine:
+        cache = SlotCache(strategy)
+        return {key: cache.slot_of(key) for key in keys}, {}
+    slots_of = getattr(strategy, "slots_of", None)
+    if slots_of is None:
+        raise PlacementError(
+            f"strategy {strategy.name!r} is not key-affine and cannot list a key's slots; the replay cannot place it"
+        )
+    slot_by_key: dict[str, int] = {}
+    split_by_key: dict[str, tuple[int, ...]] = {}
+    for key in keys:
+        slots = tuple(int(slot) for slot in slots_of(key))
+        if not slots or any(not 0 <= slot < partitions for slot in slots):
+            raise PlacementError(
+                f"strategy {strategy.name!r} placed key {key!r} on slots {list(slots)}, outside 0..{partitions - 1}"
+            )
+        slot_by_key[key] = slots[0]
+        if len(slots) > 1:
+            split_by_key[key] = slots
+    return slot_by_key, split_by_key
+
+
 def plan_placement(path: Path, strategy: Strategy, limit: int | None = None) -> PlacementPlan:
     """Place every distinct origin once (all its slots when split) and count each slot's events.
 
@@ -369,30 +418,19 @@ def plan_placement(path: Path, strategy: Strategy, limit: int | None = None) -> 
     if strategy.key_affine:
         slot_by_key, counts = plan_slots(path, strategy, limit)
         return PlacementPlan(slot_by_key, {}, counts)
-    slots_of = getattr(strategy, "slots_of", None)
-    if slots_of is None:
-        raise PlacementError(
-            f"strategy {strategy.name!r} is not key-affine and cannot list a key's slots; the replay cannot place it"
-        )
     origins = pq.read_table(path, columns=["origin"]).column("origin")
     if limit is not None:
         origins = origins.slice(0, limit)
     partitions = strategy.partitions
     counts = np.zeros(partitions, dtype=np.int64)
-    slot_by_key: dict[str, int] = {}
-    split_by_key: dict[str, tuple[int, ...]] = {}
-    for entry in pc.value_counts(origins).to_pylist():
+    entries = pc.value_counts(origins).to_pylist()
+    slot_by_key, split_by_key = place_keys(strategy, [entry["values"] for entry in entries])
+    for entry in entries:
         key, events = entry["values"], entry["counts"]
-        slots = tuple(int(slot) for slot in slots_of(key))
-        if not slots or any(not 0 <= slot < partitions for slot in slots):
-            raise PlacementError(
-                f"strategy {strategy.name!r} placed key {key!r} on slots {list(slots)}, outside 0..{partitions - 1}"
-            )
-        slot_by_key[key] = slots[0]
-        if len(slots) == 1:
-            counts[slots[0]] += events
+        slots = split_by_key.get(key)
+        if slots is None:
+            counts[slot_by_key[key]] += events
             continue
-        split_by_key[key] = slots
         ids = np.flatnonzero(pc.equal(origins, key).to_numpy(zero_copy_only=False))
         counts += np.bincount(np.asarray(slots, dtype=np.int64)[ids % len(slots)], minlength=partitions)
     return PlacementPlan(slot_by_key, split_by_key, counts)
@@ -444,15 +482,70 @@ class _Job:
         return cls(**fields)
 
 
+def open_producer(kafka: dict[str, object], config: dict[str, object] | None = None) -> KafkaProducer:
+    """A kafka-python producer with the client settings `kafka` (`kafka_config`) and the
+    replayer's producer settings (`PRODUCER_CONFIG` unless `config` is given).
+
+    Raises:
+        StackError: the producer could not connect (the message names the bootstrap servers).
+    """
+    try:
+        return KafkaProducer(**kafka, **(PRODUCER_CONFIG if config is None else config))
+    except KafkaError as exc:
+        raise StackError(f"cannot start a Kafka producer for {kafka['bootstrap_servers']}: {exc}") from exc
+
+
+def pacing(rate: float | None) -> tuple[TokenBucket | None, int]:
+    """(token bucket, step) for sending at `rate` events/s (None: no bucket, as fast as possible).
+
+    The step is how many records `send_placed` sends per `take` and per progress report: about
+    1/20 s of events at `rate`, at most 8,192 (events).
+
+    Raises:
+        ConfigurationError: if rate <= 0.
+    """
+    if not rate:
+        return None, _PROGRESS_EVERY
+    return TokenBucket(rate), max(1, min(_PROGRESS_EVERY, int(rate / 20)))
+
+
+def send_placed(
+    send: Callable[..., object],
+    topic: str,
+    keys: list[bytes],
+    values: list[bytes],
+    slots: list[int],
+    bucket: TokenBucket | None,
+    step: int,
+    report: Callable[[int], None],
+) -> None:
+    """Send records to `topic` in order, each to its explicit partition, paced by `bucket`.
+
+    Record i has key `keys[i]`, value `values[i]` and partition `slots[i]` (the slot its
+    placement gave it). Records go in steps of `step` (events): before each step `bucket.take`
+    spends its tokens (None: no pacing), after it `report(n)` counts the events sent.
+
+    Args:
+        send: the producer's `send(topic, value=, key=, partition=)`. keys, values: UTF-8 bytes,
+            one per record. slots: int partitions in [0, P - 1], one per record. step: >= 1.
+
+    Raises:
+        KafkaError: from `send` (the caller turns it into a StackError).
+    """
+    for start in range(0, len(values), step):
+        stop = min(start + step, len(values))
+        if bucket is not None:
+            bucket.take(stop - start)
+        for key, value, slot in zip(keys[start:stop], values[start:stop], slots[start:stop]):
+            send(topic, value=value, key=key, partition=slot)
+        report(stop - start)
+
+
 def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
     """Send this job's records in file order (arrival order under disorder); return records sent
     per partition (after flush)."""
-    try:
-        producer = KafkaProducer(**job.kafka, **job.producer_config)
-    except KafkaError as exc:
-        raise StackError(f"cannot start a Kafka producer for {job.kafka['bootstrap_servers']}: {exc}") from exc
-    bucket = TokenBucket(job.rate) if job.rate else None
-    step = max(1, min(_PROGRESS_EVERY, int(job.rate / 20))) if job.rate else _PROGRESS_EVERY
+    producer = open_producer(job.kafka, job.producer_config)
+    bucket, step = pacing(job.rate)
     mine = np.zeros(job.partitions, dtype=bool)
     mine[list(job.mine)] = True
     sent = np.zeros(job.partitions, dtype=np.int64)
@@ -474,14 +567,7 @@ def _produce(job: _Job, report: Callable[[int], None]) -> dict[int, int]:
             values = encode_values(batch, ids)
             key_bytes = [k.encode("utf-8") for k in keys]
             row_keys = [key_bytes[c] for c in codes.tolist()]
-            row_slots = slots.tolist()
-            for start in range(0, len(values), step):
-                stop = min(start + step, len(values))
-                if bucket is not None:
-                    bucket.take(stop - start)
-                for key, value, slot in zip(row_keys[start:stop], values[start:stop], row_slots[start:stop]):
-                    send(topic, value=value, key=key, partition=slot)
-                report(stop - start)
+            send_placed(send, topic, row_keys, values, slots.tolist(), bucket, step, report)
             sent += np.bincount(slots, minlength=job.partitions)
         producer.flush()
     finally:
@@ -519,14 +605,7 @@ def _produce_in_arrival_order(
         chunk = order[first : first + READ_BATCH_ROWS]
         values = encode_values(table.take(chunk), chunk, event_times=written[chunk])
         row_keys = [key_bytes[c] for c in codes[chunk].tolist()]
-        row_slots = slots[chunk].tolist()
-        for start in range(0, len(values), step):
-            stop = min(start + step, len(values))
-            if bucket is not None:
-                bucket.take(stop - start)
-            for key, value, slot in zip(row_keys[start:stop], values[start:stop], row_slots[start:stop]):
-                send(topic, value=value, key=key, partition=slot)
-            report(stop - start)
+        send_placed(send, topic, row_keys, values, slots[chunk].tolist(), bucket, step, report)
         sent += np.bincount(slots[chunk], minlength=job.partitions)
     return sent
 
@@ -675,6 +754,94 @@ def disorder_record(plan: DisorderPlan | None) -> dict[str, object]:
     }
 
 
+def resolve_placer(
+    settings: Settings, topic: str, strategy: str | Strategy, partitions: int | None = None
+) -> tuple[TopicInfo, Strategy]:
+    """The topic a replay writes and the strategy that places its records, checked against each other.
+
+    Args:
+        settings: broker and Redis locations.
+        topic: an existing topic.
+        strategy: a name or a `Strategy`. A learned name (least_key, least_count, hot_split) is
+            the assignment published in Redis under `topic`; another name builds its rule here
+            (`strategy_by_name`) for the topic's P.
+        partitions: P expected; None = the topic's.
+
+    Returns:
+        (the topic's `TopicInfo`, the placer).
+
+    Raises:
+        ConfigurationError: a missing topic, P differing from the topic's partition count, a
+            strategy over another P, or a learned strategy with no matching assignment published
+            under `topic` (the message names the command that publishes one).
+        PlacementError: an unknown strategy name.
+        StackError: Kafka (or, for a learned strategy, Redis) unreachable.
+    """
+    info = describe_topics(settings, [topic]).get(topic)
+    if info is None:
+        raise ConfigurationError(f"topic {topic!r} does not exist; create it with `keyshift topics create {topic}`")
+    if partitions is not None and partitions != info.partitions:
+        raise ConfigurationError(
+            f"topic {topic!r} has {info.partitions} partitions, not {partitions}; "
+            f"recreate it with `keyshift topics create --partitions {partitions} --recreate {topic}`"
+        )
+    if isinstance(strategy, str) and strategy in LEARNED_STRATEGIES:
+        placer = published_assignment(settings, topic, strategy, info.partitions)
+    elif isinstance(strategy, str):
+        placer = strategy_by_name(strategy, info.partitions)
+    else:
+        placer = strategy
+    if placer.partitions != info.partitions:
+        raise ConfigurationError(
+            f"strategy {placer.name!r} places over {placer.partitions} slots but topic {topic!r} has {info.partitions}"
+        )
+    return info, placer
+
+
+def check_growth(topic: str, before: dict[int, int], after: dict[int, int], sent: dict[int, int]) -> None:
+    """Check that each partition's end offset grew by exactly the records a replay sent to it.
+
+    Args:
+        topic: the topic (for the message). before, after: partition -> end offset around the
+            replay. sent: partition -> records sent (events), every partition of the topic.
+
+    Raises:
+        StackError: some partition grew by another count (another writer, or lost records).
+    """
+    grown = {p: after.get(p, 0) - before.get(p, 0) for p in sent}
+    if grown != sent:
+        raise StackError(
+            f"end offsets of {topic!r} grew by {grown} but the replay sent {sent}; "
+            "another producer wrote to the topic, or records were lost"
+        )
+
+
+def replay_record_fields(
+    result: ReplayResult, before: dict[int, int], started_at: datetime, rate: float | None
+) -> dict[str, object]:
+    """The fields every replay stores in its Redis record (`redis_replay_key(topic)`), as strings
+    and ints: `events_produced`, `start_offsets` and `end_offsets` (JSON partition -> offset),
+    `per_partition` (JSON), `finished_at` and `started_at` (ISO 8601 UTC), `seconds`,
+    `events_per_s`, `strategy`, `epoch`, `partitions`, `workers`, `rate` (events/s; "" =
+    unlimited), `split_keys` (JSON key -> slots)."""
+    return {
+        "events_produced": result.events_produced,
+        "start_offsets": json.dumps(before),
+        "end_offsets": json.dumps(result.end_offsets),
+        "per_partition": json.dumps(result.per_partition),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "started_at": started_at.isoformat(),
+        "seconds": f"{result.seconds:.3f}",
+        "events_per_s": f"{result.events_per_s:.0f}",
+        "strategy": result.strategy,
+        "epoch": result.epoch,
+        "partitions": result.partitions,
+        "workers": result.workers,
+        "rate": "" if rate is None else rate,
+        "split_keys": json.dumps(result.split_keys),
+    }
+
+
 def replay_flights(
     settings: Settings,
     topic: str,
@@ -748,24 +915,7 @@ def replay_flights(
     validate_disorder(disorder, source_delay, clock_skew, seed)
     path = flights_path(settings)
     store = _redis(settings)
-    info = describe_topics(settings, [topic]).get(topic)
-    if info is None:
-        raise ConfigurationError(f"topic {topic!r} does not exist; create it with `keyshift topics create {topic}`")
-    if partitions is not None and partitions != info.partitions:
-        raise ConfigurationError(
-            f"topic {topic!r} has {info.partitions} partitions, not {partitions}; "
-            f"recreate it with `keyshift topics create --partitions {partitions} --recreate {topic}`"
-        )
-    if isinstance(strategy, str) and strategy in LEARNED_STRATEGIES:
-        placer = published_assignment(settings, topic, strategy, info.partitions)
-    elif isinstance(strategy, str):
-        placer = strategy_by_name(strategy, info.partitions)
-    else:
-        placer = strategy
-    if placer.partitions != info.partitions:
-        raise ConfigurationError(
-            f"strategy {placer.name!r} places over {placer.partitions} slots but topic {topic!r} has {info.partitions}"
-        )
+    info, placer = resolve_placer(settings, topic, strategy, partitions)
 
     plan = plan_placement(path, placer, limit)
     late = _plan_disorder(path, limit, disorder, source_delay, clock_skew, seed) if disorder > 0 else None
@@ -812,12 +962,7 @@ def replay_flights(
     seconds = time.perf_counter() - started
     after = end_offsets(settings, topic)
     per_partition = {p: int(sent.get(p, 0)) for p in range(info.partitions)}
-    grown = {p: after.get(p, 0) - before.get(p, 0) for p in range(info.partitions)}
-    if grown != per_partition:
-        raise StackError(
-            f"end offsets of {topic!r} grew by {grown} but the replay sent {per_partition}; "
-            "another producer wrote to the topic, or records were lost"
-        )
+    check_growth(topic, before, after, per_partition)
     result = ReplayResult(
         topic=topic,
         strategy=placer.name,
@@ -834,21 +979,8 @@ def replay_flights(
     store.hset(
         redis_replay_key(topic),
         mapping={
-            "events_produced": result.events_produced,
-            "start_offsets": json.dumps(before),
-            "end_offsets": json.dumps(result.end_offsets),
-            "per_partition": json.dumps(result.per_partition),
-            "finished_at": datetime.now(UTC).isoformat(),
-            "started_at": started_at.isoformat(),
-            "seconds": f"{seconds:.3f}",
-            "events_per_s": f"{result.events_per_s:.0f}",
-            "strategy": result.strategy,
-            "epoch": result.epoch,
-            "partitions": result.partitions,
-            "workers": result.workers,
+            **replay_record_fields(result, before, started_at, rate),
             "limit": "" if limit is None else limit,
-            "rate": "" if rate is None else rate,
-            "split_keys": json.dumps(result.split_keys),
             "source": str(path),
             **disorder_record(late),
         },

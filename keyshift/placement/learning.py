@@ -52,13 +52,13 @@ KEY_COLUMN = "origin"
 
 @dataclass(frozen=True)
 class LearnedAssignment:
-    """What `learn_and_publish` published.
+    """What `learn_and_publish` or `publish_learned` published.
 
     Attributes:
         name: the assignment's name in Redis (the input topic).
         strategy: least_key, least_count or hot_split. partitions: P.
         epoch: the epoch the publish put in force (>= 1).
-        events: flights learned from (events). keys: distinct keys among them (units placed).
+        events: events learned from (flights, or a generator's events). keys: distinct keys among them (units placed).
         split: key -> its slots (piece i on element i), the keys spread over two slots or more
             (hot_split only; empty otherwise).
         loads: the published per-slot loads (keys for least_key, else events).
@@ -179,13 +179,44 @@ def learn_and_publish(
     """
     check_learned_strategy(strategy)
     counts, events = learning_counts(flights_path(settings), fraction, limit)
+    return publish_learned(settings, topic, strategy, partitions, counts, events, d=d, source="flights")
+
+
+def publish_learned(
+    settings: Settings,
+    topic: str,
+    strategy: str,
+    partitions: int,
+    counts: Mapping[str, int],
+    events: int,
+    *,
+    d: int = 2,
+    source: str = "events",
+) -> LearnedAssignment:
+    """Build `strategy` from per-key counts (`learn_strategy`) and publish it under `topic` with a new epoch.
+
+    Args:
+        settings: where Redis is. topic: the assignment's name (the input topic).
+        strategy: least_key, least_count or hot_split. partitions: P >= 1.
+        counts: key -> events (>= 0) seen in the head of the stream, in arrival order.
+        events: how many events the counts were taken from (for the record and the log).
+        d: hot_split only: least slots per hot key, >= 2.
+        source: what the events were, for the log line ("flights", "YSB events").
+
+    Returns:
+        A `LearnedAssignment`.
+
+    Raises:
+        PlacementError: a strategy that is not learned, bad P or d, a negative count.
+        StackError: Redis unreachable.
+    """
     learned = learn_strategy(strategy, counts, partitions, d=d)
     store = AssignmentStore.from_settings(settings, topic)
     epoch = store.publish(strategy, partitions, learned.assignment, learned.loads)
     split = {str(unit): tuple(slots) for unit, slots in learned.assignment.items() if isinstance(slots, tuple) and len(slots) > 1}
     log.info(
-        "%s learned from the first %s flights (%d keys, %d split), published for %s as epoch %d over %d slots",
-        strategy, f"{events:,}", len(counts), len(split), topic, epoch, partitions,
+        "%s learned from the first %s %s (%d keys, %d split), published for %s as epoch %d over %d slots",
+        strategy, f"{events:,}", source, len(counts), len(split), topic, epoch, partitions,
     )
     return LearnedAssignment(
         name=topic,

@@ -6,12 +6,13 @@ map it builds is the **assignment**, versioned by an **epoch**.
 
 The contract every strategy keeps (`Strategy` below):
 
-* `slot_of(key)` returns an int in [0, P - 1] for any `str` key (hashed from its UTF-8 bytes).
+* `slot_of(key)` returns an int in [0, P - 1] for any `str` key (hashed from its UTF-8 bytes);
+  round_robin, which places events rather than keys, refuses it (`slot_for_event` instead).
 * Key-affine strategies (`key_affine = True`: hash, modulo, least_key, least_count, weight)
   send a key to the same slot for as long as `epoch` stays the same; a new assignment (from the
   Redis assignment store) comes with a new epoch. That is what lets `SlotCache` reduce the hot
   path to one dict lookup per record. A strategy that spreads one key over several slots
-  (hot_split) sets `key_affine = False` and is never cached.
+  (hot_split, round_robin) sets `key_affine = False` and is never cached.
 * Strategies that learn from history (least_key, least_count, weight with random landing,
   hot_split) hold a **history assignment map** (paper 000, Algorithm 1): a key already in it
   keeps its slot; a new key is placed once, by the strategy's rule, and recorded. Placing a new
@@ -30,6 +31,7 @@ The strategies and the source of each rule:
 | `least_count` | new key -> slot holding the fewest events | paper 000 §4.2.1 (3), Algorithm 1 |
 | `weight` | landing R in [0, 100) -> slot of the WeightTable interval holding R | paper 000 §4.2.1 (4), Algorithm 2 |
 | `hot_split` | least_count, with a key above 1/P of the events spread over d slots | ours (DESIGN.md, "beyond") |
+| `round_robin` | event number n -> slot n mod P, whatever its key | Kafka's `RoundRobinPartitioner`; the keyless baseline |
 
 Ties between equally loaded slots always go to the lowest slot index, so every assignment is a
 deterministic function of its inputs.
@@ -702,6 +704,65 @@ class HotSplitStrategy:
         return slots
 
 
+@dataclass(frozen=True)
+class RoundRobinStrategy:
+    """round_robin: the n-th event goes to slot n mod P, whatever its key (not key-affine).
+
+    The baseline a key-aware placement is compared against: every slot gets the same number of
+    events (within one), and every key's events are spread over all P slots, so a keyed job must
+    shuffle (or merge) every key. Source of the rule: Kafka's `RoundRobinPartitioner` (records in
+    send order cycle over the partitions), with the event's sequence number in place of the
+    producer's counter so that the placement is a pure function of the event.
+
+    In the common interface it is a key split over every slot: `slots_of(key)` is (0, ..., P - 1)
+    for every key, and `slot_for_event(key, n)` = `slots_of(key)[n % P]` = n mod P, the per-event
+    rule the replayers apply (`place_events` with the event id as n). A key has no single slot,
+    so `slot_of` refuses (a per-key cache or partitioner cannot place it).
+
+    Attributes:
+        partitions: P >= 1.
+        epoch: assignment version, >= 0 (carried for tracing only; the rule never changes).
+
+    Raises:
+        PlacementError: on construction with P < 1 or a bad epoch; from `slot_of`, always.
+    """
+
+    name: ClassVar[str] = "round_robin"
+    key_affine: ClassVar[bool] = False
+
+    partitions: int
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        check_partitions(self.partitions)
+        check_epoch(self.epoch)
+
+    def slots_of(self, key: str) -> tuple[int, ...]:
+        """Every slot, (0, 1, ..., P - 1), for any key: piece i of the key on slot i."""
+        return tuple(range(self.partitions))
+
+    def slot_for_event(self, key: str, sequence: int) -> int:
+        """The slot of event number `sequence` (>= 0, counted over the whole stream): sequence mod P.
+
+        Raises:
+            PlacementError: for a negative sequence number.
+        """
+        if sequence < 0:
+            raise PlacementError(f"event sequence must be >= 0, got {sequence}")
+        return sequence % self.partitions
+
+    def slot_of(self, key: str) -> int:
+        """Refused: round_robin places events, not keys.
+
+        Raises:
+            PlacementError: always, naming `slot_for_event` and the per-event replay path.
+        """
+        raise PlacementError(
+            f"round_robin places events, not keys: key {key!r} has no single slot; "
+            "use slot_for_event(key, n) (n mod P), as the replayers do"
+        )
+
+
 def _learned(cls: type) -> Callable[..., Strategy]:
     """A registry factory: `cls.from_counts(counts, P, ...)` when `counts=` is given, else empty history."""
 
@@ -722,10 +783,11 @@ _REGISTRY: dict[str, Callable[..., Strategy]] = {
     LeastCountStrategy.name: _learned(LeastCountStrategy),
     WeightStrategy.name: WeightStrategy,
     HotSplitStrategy.name: _learned(HotSplitStrategy),
+    RoundRobinStrategy.name: RoundRobinStrategy,
 }
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-"""Names `strategy_by_name` accepts: hash, modulo, least_key, least_count, weight, hot_split."""
+"""Names `strategy_by_name` accepts: hash, modulo, least_key, least_count, weight, hot_split, round_robin."""
 
 
 def strategy_by_name(name: str, partitions: int, **options: object) -> Strategy:

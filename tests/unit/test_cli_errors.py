@@ -56,6 +56,11 @@ CASES = [
     # replay: Kafka down, then Redis down
     Case("replay-kafka-down", ("replay", "flights", "--limit", "10"), ("no Kafka broker answers", STACK_UP)),
     Case("replay-redis-down", ("replay", "flights", "--limit", "10"), ("Redis at", "not reachable", STACK_UP), kafka_listens=True),
+    Case("replay-ysb-kafka-down", ("replay", "ysb", "--rate", "10", "--duration", "1"), ("no Kafka broker answers", STACK_UP)),
+    Case("replay-ysb-redis-down", ("replay", "ysb", "--rate", "10", "--duration", "1"), ("Redis at", "not reachable", STACK_UP),
+         kafka_listens=True),
+    # replay ysb: a Zipf exponent of 0 is refused by its option before any service is asked
+    Case("replay-ysb-zipf-zero", ("replay", "ysb", "--rate", "10", "--duration", "1", "--zipf", "0"), ("--zipf",), exit_code=2),
     # job: the services down; a run id that has no checkpoint
     Case("job-run-stack-down", ("job", "run", "flight_delays", "--limit", "10"), (STACK_UP,)),
     Case("job-resume-bad-run-id", ("job", "run", "flight_delays", "--resume", "no-such-run"), ("no-such-run",)),

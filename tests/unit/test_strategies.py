@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import string
 
+import numpy as np
 import pytest
 from kafka.partitioner import DefaultPartitioner
 
@@ -17,6 +18,7 @@ from keyshift.placement.strategies import (
     LeastCountStrategy,
     LeastKeyStrategy,
     ModuloStrategy,
+    RoundRobinStrategy,
     SlotCache,
     Strategy,
     WeightStrategy,
@@ -24,6 +26,7 @@ from keyshift.placement.strategies import (
     bucket_of,
     integer_key,
     least_loaded,
+    place_events,
     strategy_by_name,
 )
 
@@ -70,10 +73,11 @@ def test_hash_slots(keys: list[str], partitions: int, expected: list[int]) -> No
     ("name", "partitions", "options", "message"),
     [
         (  # not a strategy: the message lists every known name
-            "round_robin",
+            "random",
             8,
             {},
-            "unknown placement strategy 'round_robin'; known: hash, modulo, least_key, least_count, weight, hot_split",
+            "unknown placement strategy 'random'; known: hash, modulo, least_key, least_count, weight, hot_split, "
+            "round_robin",
         ),
         ("HASH", 8, {}, "known: hash"),  # names are case-sensitive
         ("hash", 0, {}, "partitions must be >= 1, got 0"),  # zero slots
@@ -90,7 +94,7 @@ def test_strategy_by_name_refuses(name: str, partitions: int, options: dict, mes
 
 
 def test_registry_lists_every_strategy() -> None:
-    assert STRATEGY_NAMES == ("hash", "modulo", "least_key", "least_count", "weight", "hot_split")
+    assert STRATEGY_NAMES == ("hash", "modulo", "least_key", "least_count", "weight", "hot_split", "round_robin")
     strategy = strategy_by_name("hash", 8, epoch=5)
     assert isinstance(strategy, Strategy)
     assert (strategy.name, strategy.partitions, strategy.epoch, strategy.key_affine) == ("hash", 8, 5, True)
@@ -603,3 +607,56 @@ def test_every_registered_strategy_keeps_the_interface(name: str, key_affine: bo
     slots = [strategy.slot_of(key) for key in keys]
     assert all(0 <= slot < 8 for slot in slots)
     assert [strategy.slot_of(key) for key in keys] == slots  # asked again: same slots in one epoch
+
+
+# round_robin: event n -> slot n mod P, whatever its key (the keyless baseline)
+@pytest.mark.parametrize(
+    ("partitions", "sequences", "slots"),
+    [
+        (1, [0, 1, 7], [0, 0, 0]),  # one slot takes everything
+        (4, [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1]),  # cycles over the slots in order
+        (8, [7, 8, 2**40 + 3], [7, 0, 3]),  # wraps at P; large sequence numbers
+    ],
+)
+def test_round_robin_slot_for_event(partitions: int, sequences: list[int], slots: list[int]) -> None:
+    strategy = strategy_by_name("round_robin", partitions, epoch=3)
+    assert isinstance(strategy, RoundRobinStrategy) and isinstance(strategy, Strategy)
+    assert (strategy.name, strategy.partitions, strategy.epoch, strategy.key_affine) == ("round_robin", partitions, 3, False)
+    assert [strategy.slot_for_event("any", n) for n in sequences] == slots
+    assert [strategy.slot_for_event("other", n) for n in sequences] == slots  # the key plays no part
+
+
+def test_round_robin_is_every_key_split_over_every_slot() -> None:
+    strategy = RoundRobinStrategy(partitions=4)
+    assert strategy.slots_of("ORD") == strategy.slots_of("") == (0, 1, 2, 3)
+    # the replayers' per-event rule (place_events over slots_of) gives the same slots
+    codes = np.array([0, 1, 0, 1, 0, 0, 1], dtype=np.int64)
+    ids = np.arange(7, dtype=np.int64)
+    placed = place_events(codes, ids, np.array([0, 0]), {0: strategy.slots_of("a"), 1: strategy.slots_of("b")})
+    assert placed.tolist() == [strategy.slot_for_event("a", n) for n in range(7)] == [0, 1, 2, 3, 0, 1, 2]
+    assert np.bincount(placed, minlength=4).tolist() == [2, 2, 2, 1]  # even within one event
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: s.slot_of("ORD"), "round_robin places events, not keys: key 'ORD' has no single slot"),
+        (lambda s: s.slot_for_event("ORD", -1), "event sequence must be >= 0, got -1"),  # no negative numbers
+        (lambda s: SlotCache(s), "not key-affine"),  # never cached per key
+    ],
+)
+def test_round_robin_refuses(call, message: str) -> None:
+    with pytest.raises(PlacementError, match=message):
+        call(RoundRobinStrategy(partitions=4))
+
+
+@pytest.mark.parametrize(
+    ("partitions", "epoch", "message"),
+    [
+        (0, 0, "partitions must be >= 1, got 0"),  # zero slots
+        (4, -1, "epoch must be an int >= 0"),  # epochs count up from 0
+    ],
+)
+def test_round_robin_construction_refuses(partitions: int, epoch: int, message: str) -> None:
+    with pytest.raises(PlacementError, match=message):
+        RoundRobinStrategy(partitions=partitions, epoch=epoch)
