@@ -20,9 +20,9 @@ from urllib.parse import quote
 from pydantic import Field, SecretStr, field_serializer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from keyshift.stack_env import PROJECT_ROOT, stack_value
+from keyshift.stack_env import DEFAULT_PARTITIONS, PROJECT_ROOT, stack_value
 
-__all__ = ["PROJECT_ROOT", "Settings"]
+__all__ = ["DEFAULT_PARTITIONS", "PROJECT_ROOT", "Settings"]
 
 
 class Settings(BaseSettings):
@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     airflow_user: str = "admin"
     airflow_password: SecretStr | None = None
     spark_master: str = "local[*]"
-    partitions: int = int(stack_value("KEYSHIFT_PARTITIONS"))
+    partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")
     def _reveal(self, value: SecretStr | None) -> str | None:

@@ -77,3 +77,8 @@ def stack_value(name: str, path: Path = STACK_ENV_FILE) -> str:
     if name not in values:
         raise ConfigurationError(f"{path} does not set {name}; add `{name}=...` to it")
     return values[name]
+
+
+DEFAULT_PARTITIONS = int(stack_value("KEYSHIFT_PARTITIONS"))
+"""P when nothing else says: the file's KEYSHIFT_PARTITIONS, the default of `Settings.partitions`
+and of the `--partitions` options and the pipeline DAG's param that start a run."""

@@ -8,7 +8,7 @@ import click
 
 from keyshift.bench import switch as switch_bench
 from keyshift.cli.topics import quiet_kafka_logs
-from keyshift.settings import Settings
+from keyshift.settings import DEFAULT_PARTITIONS, Settings
 
 
 @click.group(name="bench")
@@ -155,7 +155,7 @@ def keywindows(out: Path, flights: int, size_ms: int, slide_ms: int, bounds_ms: 
               help="Configurations: global, key, nkey, dynamic (bound --bound-ms) and global_lossless (global with the bound it needs).")
 @click.option("--bound-ms", type=click.IntRange(min=0), default=60_000, show_default=True,
               help="Watermark bound B, ms of event time (dynamic mode's maximum).")
-@click.option("--partitions", type=click.IntRange(min=1), default=8, show_default=True, help="P: topic partitions = slots.")
+@click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, show_default=True, help="P: topic partitions = slots.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the disorder.")
 @click.option("--source-delay", type=click.FloatRange(min=0.001), default=86_400.0, show_default=True,
               help="Late sources arrive d in [D/2, D] seconds of event time late (default: 12 to 24 hours).")

@@ -143,3 +143,23 @@ def test_a_local_value_changed_alone_is_a_disagreement(local_settings):
     assert len(found) == 2 * len(KEYSHIFT_CONTAINERS)
     assert "airflow-scheduler KEYSHIFT_PARTITIONS: compose '8', local 12" in found
     assert "spark-worker KEYSHIFT_LATE_TOPIC: compose 'flights-late', local 'late'" in found
+
+
+def test_every_partitions_option_of_the_cli_defaults_to_the_files():
+    import click
+
+    from keyshift.cli import _register, cli
+
+    _register()
+    found = {}
+
+    def walk(command: click.Command, path: str) -> None:
+        for param in command.params:
+            if param.name == "partitions" and not getattr(param, "multiple", False) and isinstance(param.default, int):
+                found[path] = param.default
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(cli, "keyshift")
+    assert {"keyshift run demo", "keyshift job run", "keyshift bench watermark"} <= set(found), found
+    assert set(found.values()) == {int(stack_values()["KEYSHIFT_PARTITIONS"])}, found
