@@ -163,3 +163,28 @@ def test_every_partitions_option_of_the_cli_defaults_to_the_files():
     walk(cli, "keyshift")
     assert {"keyshift run demo", "keyshift job run", "keyshift bench watermark"} <= set(found), found
     assert set(found.values()) == {int(stack_values()["KEYSHIFT_PARTITIONS"])}, found
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('KEYSHIFT_FLIGHTS_TOPIC="flights"\n', "is not NAME=value"),   # quotes: Compose would strip them, we would not
+    ("KEYSHIFT_REDIS_PORT = 6379\n", "is not NAME=value"),        # spaces
+    ("KEYSHIFT_FLIGHTS_TOPIC=${TOPIC}\n", "is not NAME=value"),    # interpolation
+    ("KEYSHIFT_REDIS_PORT=6379\nKEYSHIFT_REDIS_PORT=6380\n", "set twice"),
+])
+def test_only_plain_lines_are_read(text, error):
+    from keyshift.errors import ConfigurationError
+    from keyshift.stack_env import parse_stack_env
+
+    with pytest.raises(ConfigurationError, match=error):
+        parse_stack_env(text)
+
+
+def test_comments_and_blank_lines_are_skipped_and_a_missing_name_is_named(tmp_path):
+    from keyshift.errors import ConfigurationError
+    from keyshift.stack_env import parse_stack_env, stack_value
+
+    assert parse_stack_env("# ports\n\nKEYSHIFT_REDIS_PORT=6379\n") == {"KEYSHIFT_REDIS_PORT": "6379"}
+    path = tmp_path / "stack.env"
+    path.write_text("KEYSHIFT_REDIS_PORT=6379\n")
+    with pytest.raises(ConfigurationError, match="does not set KEYSHIFT_KAFKA_PORT"):
+        stack_value("KEYSHIFT_KAFKA_PORT", path)
