@@ -38,6 +38,7 @@ from keyshift.eventtime.watermarks import WATERMARK_MODES
 from keyshift.orchestration import pipeline
 from keyshift.orchestration.sensors import JobProgressSensor
 from keyshift.orchestration.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY_S
+from keyshift.stack_env import DEFAULT_PARTITIONS
 
 RUN_ID = "{{ job_run_id(run_id) }}"
 
@@ -56,7 +57,7 @@ RUN_ID = "{{ job_run_id(run_id) }}"
     params={
         "strategy": Param("hash", type="string", enum=list(pipeline.STRATEGIES),
                           description="Placement strategy: key → slot rule of producer and job."),
-        "partitions": Param(8, type="integer", minimum=1, maximum=1024,
+        "partitions": Param(DEFAULT_PARTITIONS, type="integer", minimum=1, maximum=1024,
                             description="P: slots = Kafka partitions = Spark shuffle partitions."),
         "limit": Param(20000, type=["null", "integer"], minimum=0,
                        description="Events to replay and process (bounded run); empty or 0 = continuous."),

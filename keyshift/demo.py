@@ -18,7 +18,7 @@ from keyshift import runlog
 from keyshift.console import STEP
 from keyshift.names import FLIGHT_TOPICS, FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
-from keyshift.settings import Settings
+from keyshift.settings import DEFAULT_PARTITIONS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def run_demo(
     settings: Settings,
     run_id: str,
-    partitions: int = 8,
+    partitions: int = DEFAULT_PARTITIONS,
     strategy: str = "hash",
     limit: int | None = None,
     rate: float | None = None,

@@ -1,23 +1,28 @@
 """Names defined once: Kafka topics, Redis keys, Airflow DAG ids and asset-like paths.
 
-Every other module imports these rather than spelling a name again.
+Every other module imports these rather than spelling a name again. The topic names and the Redis
+prefix are read from `infra/stack.env` (`keyshift.stack_env`), the file docker-compose.yml gives
+its containers, and only from there: no environment variable overrides them, so every process of
+a deployment uses the same names.
 """
 
+from keyshift.stack_env import stack_value
+
 # Kafka topics of the flight delay job.
-FLIGHTS_TOPIC = "flights"
-DEAD_LETTER_TOPIC = "flights-dead-letter"
-LATE_TOPIC = "flights-late"
-ALERTS_TOPIC = "flight-delay-alerts"
+FLIGHTS_TOPIC = stack_value("KEYSHIFT_FLIGHTS_TOPIC")
+DEAD_LETTER_TOPIC = stack_value("KEYSHIFT_DEAD_LETTER_TOPIC")
+LATE_TOPIC = stack_value("KEYSHIFT_LATE_TOPIC")
+ALERTS_TOPIC = stack_value("KEYSHIFT_ALERTS_TOPIC")
 FLIGHT_TOPICS = (FLIGHTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, ALERTS_TOPIC)
 
 # Kafka topics of the Yahoo Streaming Benchmark (keyshift.data.ysb writes the first; the YSB job
 # will send its dead letters and late events to the other two).
-YSB_TOPIC = "ysb-ad-events"
-YSB_DEAD_LETTER_TOPIC = "ysb-ad-events-dead-letter"
-YSB_LATE_TOPIC = "ysb-ad-events-late"
+YSB_TOPIC = stack_value("KEYSHIFT_YSB_TOPIC")
+YSB_DEAD_LETTER_TOPIC = stack_value("KEYSHIFT_YSB_DEAD_LETTER_TOPIC")
+YSB_LATE_TOPIC = stack_value("KEYSHIFT_YSB_LATE_TOPIC")
 YSB_TOPICS = (YSB_TOPIC, YSB_DEAD_LETTER_TOPIC, YSB_LATE_TOPIC)
 
-SINK_COMMITS_TOPIC = "keyshift-sink-commits"
+SINK_COMMITS_TOPIC = stack_value("KEYSHIFT_SINK_COMMITS_TOPIC")
 """The topic whose partition 0 carries, per run, the consumer-group offset that a side-output
 transaction commits with its records (last committed batch id + 1; see
 `keyshift.processing.side_outputs`). Nothing is written to it: only group offsets refer to it."""
@@ -26,7 +31,7 @@ transaction commits with its records (last committed batch id + 1; see
 PIPELINE_DAG_ID = "keyshift_pipeline"
 
 # Redis keys (all under one prefix so `keyshift stack status` can count them).
-REDIS_PREFIX = "keyshift"
+REDIS_PREFIX = stack_value("KEYSHIFT_REDIS_PREFIX")
 
 
 def redis_run_key(run_id: str) -> str:

@@ -1,7 +1,10 @@
 """One frozen settings object, built at the edge (CLI, Airflow task) and passed down.
 
 Values come from environment variables prefixed `KEYSHIFT_` (e.g. `KEYSHIFT_KAFKA_PORT=19092`),
-else the defaults below. The core takes plain arguments or a `Settings`; it never reads globals.
+else the defaults below. The service ports and the partition count default to the values of
+`infra/stack.env` (`keyshift.stack_env`), the file docker-compose.yml reads too, so the local
+stack and the containers cannot drift apart. The core takes plain arguments or a `Settings`; it
+never reads globals.
 
 Passwords are `SecretStr`: `repr`, `str` and logs show `**********`; `.get_secret_value()` gives
 the text. A JSON dump (`model_dump(mode="json")`) carries them in clear, so a settings dict handed
@@ -17,8 +20,9 @@ from urllib.parse import quote
 from pydantic import Field, SecretStr, field_serializer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-"""The repository checkout this package lives in (editable install)."""
+from keyshift.stack_env import DEFAULT_PARTITIONS, PROJECT_ROOT, stack_value
+
+__all__ = ["DEFAULT_PARTITIONS", "PROJECT_ROOT", "Settings"]
 
 
 class Settings(BaseSettings):
@@ -41,6 +45,8 @@ class Settings(BaseSettings):
             up` generated into the state directory (`keyshift.stack.airflow.admin_password`).
         spark_master: master URL for jobs (`local[*]`, or `spark://host:7077`).
         partitions: P, the number of slots (Kafka partitions = Spark shuffle partitions).
+
+    The defaults of the ports and of `partitions` are `infra/stack.env`'s.
     """
 
     model_config = SettingsConfigDict(env_prefix="KEYSHIFT_", frozen=True)
@@ -49,18 +55,18 @@ class Settings(BaseSettings):
     cache_dir: Path | None = None
     runs_dir: Path = Field(default=PROJECT_ROOT / "runs")
     kafka_host: str = "127.0.0.1"
-    kafka_port: int = 9092
-    kafka_controller_port: int = 9093
+    kafka_port: int = int(stack_value("KEYSHIFT_KAFKA_PORT"))
+    kafka_controller_port: int = int(stack_value("KEYSHIFT_KAFKA_CONTROLLER_PORT"))
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     redis_host: str = "127.0.0.1"
-    redis_port: int = 6379
+    redis_port: int = int(stack_value("KEYSHIFT_REDIS_PORT"))
     redis_password: SecretStr | None = None
-    airflow_port: int = 8080
+    airflow_port: int = int(stack_value("KEYSHIFT_AIRFLOW_PORT"))
     airflow_user: str = "admin"
     airflow_password: SecretStr | None = None
     spark_master: str = "local[*]"
-    partitions: int = 8
+    partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")
     def _reveal(self, value: SecretStr | None) -> str | None:

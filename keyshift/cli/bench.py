@@ -8,7 +8,7 @@ import click
 
 from keyshift.bench import switch as switch_bench
 from keyshift.cli.topics import quiet_kafka_logs
-from keyshift.settings import Settings
+from keyshift.settings import DEFAULT_PARTITIONS, Settings
 
 
 @click.group(name="bench")
@@ -155,7 +155,7 @@ def keywindows(out: Path, flights: int, size_ms: int, slide_ms: int, bounds_ms: 
               help="Configurations: global, key, nkey, dynamic (bound --bound-ms) and global_lossless (global with the bound it needs).")
 @click.option("--bound-ms", type=click.IntRange(min=0), default=60_000, show_default=True,
               help="Watermark bound B, ms of event time (dynamic mode's maximum).")
-@click.option("--partitions", type=click.IntRange(min=1), default=8, show_default=True, help="P: topic partitions = slots.")
+@click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, show_default=True, help="P: topic partitions = slots.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the disorder.")
 @click.option("--source-delay", type=click.FloatRange(min=0.001), default=86_400.0, show_default=True,
               help="Late sources arrive d in [D/2, D] seconds of event time late (default: 12 to 24 hours).")
@@ -212,3 +212,51 @@ def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | No
         verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
         click.echo(f"  {goal['goal']}: {verdict} ({goal['measured']})")
     click.echo(f"-> {out} (plot {out.with_suffix('.png')})")
+
+
+def _suite_names() -> list[str]:
+    from keyshift.bench.suite import BENCH_NAMES
+
+    return list(BENCH_NAMES)
+
+
+@command.command(name="all")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              show_default="runs/bench-<UTC time>/", help="Folder for every bench's JSON, PNG and log, and report.html.")
+@click.option("--only", multiple=True, type=click.Choice(_suite_names()), help="Run only this bench (repeat).")
+@click.option("--skip", multiple=True, type=click.Choice(_suite_names()), help="Leave this bench out (repeat).")
+@click.option("--report-only", "report_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Run nothing: rebuild DIR/report.html from the bench reports (JSON) already in DIR.")
+@click.option("--timeout", "timeout_min", type=click.FloatRange(min=1), default=45.0, show_default=True,
+              help="Minutes one bench may take before it is stopped and counted as failed.")
+def all_benches(out_dir: Path | None, only: tuple[str, ...], skip: tuple[str, ...], report_dir: Path | None, timeout_min: float) -> None:
+    """Every benchmark in turn, at sizes for a 2-core machine, and one HTML report of every goal.
+
+    Runs placement, keywindows, throughput, switch and watermark (about half an hour on 2 cores;
+    the sizes are in `keyshift.bench.suite.SUITE`), each in its own process, keeping on when one
+    fails. Writes OUT/report.html: each bench's status and error, a row per goal with its target,
+    measured value and verdict, and the plots embedded. Kafka and Redis must be up
+    (`keyshift stack up`) for throughput, switch and watermark.
+    """
+    import time
+
+    from keyshift.bench import report, suite
+
+    if report_dir is not None:
+        if out_dir is not None or only or skip:
+            raise click.UsageError("--report-only runs nothing: give it without --out, --only or --skip")
+        outcomes = suite.outcomes_from_folder(report_dir)
+        if not outcomes:
+            raise click.UsageError(f"{report_dir} holds no bench report (JSON) and no {suite.MANIFEST}")
+        out_dir = report_dir
+    else:
+        plans = suite.select(only, skip)
+        if not plans:
+            raise click.UsageError("--only and --skip leave no bench to run")
+        out_dir = out_dir or Settings().runs_dir / time.strftime("bench-%Y%m%dT%H%M%SZ", time.gmtime())
+        click.echo(f"{len(plans)} bench(es) -> {out_dir}")
+        outcomes = suite.run_suite(plans, out_dir, timeout_s=timeout_min * 60, say=lambda line: click.echo(line, err=True))
+    page = report.render_report(outcomes, out_dir / "report.html")
+    for outcome in outcomes:
+        click.echo(f"  {outcome.name}: {outcome.status}" + (f" ({outcome.error.splitlines()[0]})" if outcome.error else ""))
+    click.echo(f"report -> {page}")

@@ -19,6 +19,7 @@ from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs import job_names
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
+from keyshift.settings import DEFAULT_PARTITIONS
 
 
 def new_run_id(prefix: str = "fd") -> str:
@@ -34,7 +35,7 @@ def flight_delay_options(function):
                           "flight_delays_sliding (1 h windows every minute, as key windows)."),
         click.option("--run-id", default=None, help="Run id; default fd-<UTC time>-<hex>. Names runs/<run_id>/."),
         click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy of keys to slots."),
-        click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots = topic partitions = shuffle partitions."),
+        click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, help="P slots = topic partitions = shuffle partitions."),
         click.option("--epoch", type=click.IntRange(min=0), default=0, help="Assignment epoch written on every window."),
         click.option("--bound-ms", type=click.IntRange(min=0), default=HOUR_MS, help="Watermark bound, ms of event time."),
         click.option("--watermark", type=click.Choice(WATERMARK_MODES), default="global", show_default=True,

@@ -8,6 +8,7 @@ from keyshift.cli.output import run_output_options, run_terminal
 from keyshift.eventtime.watermarks import WATERMARK_MODES
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
+from keyshift.settings import DEFAULT_PARTITIONS
 
 
 @click.group(name="run")
@@ -17,7 +18,7 @@ def command() -> None:
 
 @command.command(name="demo")
 @click.option("--run-id", default=None, help="Run id; default demo-<UTC time>-<hex>.")
-@click.option("--partitions", type=click.IntRange(min=1), default=8, help="P slots.")
+@click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, help="P slots.")
 @click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy; least_key, least_count and hot_split are learned from the first 10 % of the flights and published in Redis.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Flights to replay; default all 3,000,000.")
 @click.option("--rate", type=click.FloatRange(min=1), default=None, help="Replay rate, events/s; default as fast as possible.")

