@@ -204,6 +204,12 @@ def _covers(consumed: dict[int, int], target: dict[int, int]) -> bool:
     return all(consumed.get(partition, -1) >= offset for partition, offset in target.items())
 
 
+def _input_reached(target: dict[int, int], consumed: dict[int, int], planned: dict[int, int]) -> bool:
+    """Whether the consumed or the planned offsets (partition -> next offset) reach `target`; an
+    empty map reaches nothing."""
+    return any(offsets and _covers(offsets, target) for offsets in (consumed, planned))
+
+
 def _kafka_offsets(settings: Settings, topic: str) -> tuple[dict[int, int], dict[int, int]]:
     """(beginning, end) offsets per partition of `topic`."""
     from kafka import KafkaConsumer, TopicPartition
@@ -377,6 +383,27 @@ def committed_batches(checkpoint: Path, topic: str) -> tuple[list[int], dict[int
         if topic in offsets:
             return ids, {int(p): int(o) for p, o in offsets[topic].items()}
     return ids, {}
+
+
+def planned_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
+    """The Kafka offsets of `topic` at the end of the newest micro-batch Spark has planned in
+    `checkpoint` (partition -> first offset past it), committed or not; {} before the first.
+
+    Spark writes `offsets/<id>` when it plans batch id, before running it, and never reads past
+    those offsets in that batch; so a record written at or past them is read by a later batch.
+    """
+    offsets_dir = checkpoint / "offsets"
+    ids = sorted((int(p.name) for p in offsets_dir.iterdir() if p.name.isdigit()), reverse=True) if offsets_dir.exists() else []
+    for batch_id in ids[:1]:
+        try:
+            lines = (offsets_dir / str(batch_id)).read_text().splitlines()[2:]
+        except OSError:  # being written: the next look finds it
+            return {}
+        for line in lines:
+            offsets = json.loads(line) if line.startswith("{") else {}
+            if topic in offsets:
+                return {int(p): int(o) for p, o in offsets[topic].items()}
+    return {}
 
 
 def concrete_offsets(settings: Settings, topic: str, start: dict[int, int] | str) -> dict[int, int]:
@@ -791,8 +818,11 @@ def _watch(
                 finish_switch(switching)
                 switching = None
         if target is not None:
-            if state["markers_end"] is None and consumed and _covers(consumed, target):
-                log.info("run %s: input drained at %s; writing end-of-input markers", config.run_id, consumed)
+            # The markers go out as soon as a planned batch reaches the end of the input, while
+            # that batch still runs: they land past its offsets, so the next batch reads them
+            # (after every event of the run) instead of a batch of their own after a drain.
+            if state["markers_end"] is None and _input_reached(target, consumed, planned_offsets(checkpoint, config.topic)):
+                log.info("run %s: input planned to its end %s; writing end-of-input markers", config.run_id, target)
                 state["markers_end"] = send_end_of_input(settings, config.topic, config.run_id)
                 last_activity = time.monotonic()
             elif state["markers_end"] is not None and _covers(consumed, state["markers_end"]):
