@@ -178,6 +178,7 @@ def test_bad_records_land_in_the_dead_letter_topic_with_reasons(run, stack_setti
 
 
 def test_every_campaigns_state_sits_on_its_hash_slot(run, spark):
+    spark.streams.active  # the state reader needs the driver's state store coordinator, made with the streams manager
     state = (
         spark.read.format("statestore")
         .option("path", str(run["run_dir"] / "checkpoint"))
