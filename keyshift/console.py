@@ -162,7 +162,9 @@ def summary_rows(summary: dict[str, Any], cwd: Path | None = None) -> list[tuple
         if dead and reasons else "")))
     in_windows = "retired from key windows" if s.get("key_window_updates") is not None else "in windows"
     balance_text = (f"{_count(s.get('events_read'))} read = {_count(s.get('sum_window_counts'))} {in_windows} + "
-                    f"{_count(late)} late + {_count(dead)} dead letters + {_count(s.get('pending_events'))} pending")
+                    f"{_count(late)} late + {_count(dead)} dead letters + "
+                    + (f"{_count(s['filtered_events'])} filtered + " if s.get("filtered_events") else "")
+                    + f"{_count(s.get('pending_events'))} pending")
     rows.append(("reconciled", ("yes: " if s.get("reconciled") else "NO: ") + balance_text))
     if s.get("switches"):
         rows.append(("switches", ", ".join(s["switches"])))
@@ -247,7 +249,9 @@ def summary_notes(summary: dict[str, Any]) -> list[str]:
     if summary.get("reconciled") is False:
         notes.append(f"run {summary.get('run_id')} does not reconcile: events read {_count(summary.get('events_read'))} != "
                      f"windows {_count(summary.get('sum_window_counts'))} + late {_count(summary.get('late_events'))} + "
-                     f"dead letters {_count(summary.get('dead_letters'))} + pending {_count(summary.get('pending_events'))}")
+                     f"dead letters {_count(summary.get('dead_letters'))} + "
+                     + (f"filtered {_count(summary['filtered_events'])} + " if summary.get("filtered_events") else "")
+                     + f"pending {_count(summary.get('pending_events'))}")
     late = summary.get("late_events") or 0
     if late:
         watermark = summary.get("watermark") or "global"

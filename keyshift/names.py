@@ -102,3 +102,32 @@ def redis_ysb_ad_campaign_key(topic: str) -> str:
 def redis_ysb_campaigns_key(topic: str) -> str:
     """Redis set of the campaign ids of the YSB generator that last wrote `topic`."""
     return f"{REDIS_PREFIX}:ysb:{topic}:campaigns"
+
+
+def redis_ysb_ad_campaign_version_key(topic: str) -> str:
+    """Redis counter the YSB generator increments each time it replaces `topic`'s ad -> campaign
+    map, so the job's executors reload their cached copy only when it changed."""
+    return f"{REDIS_PREFIX}:ysb:{topic}:ad_campaign:version"
+
+
+def redis_ysb_run_campaigns_key(run_id: str) -> str:
+    """Redis set of the campaigns a YSB job run wrote windows for."""
+    return f"{REDIS_PREFIX}:ysb:run:{run_id}:campaigns"
+
+
+def redis_ysb_campaign_key(run_id: str, campaign_id: str) -> str:
+    """Redis hash of one campaign in a YSB job run: window_start_ms -> its window's key
+    (`redis_ysb_window_key`), as the published benchmark keeps `campaign -> window timestamp ->
+    window id`."""
+    return f"{REDIS_PREFIX}:ysb:run:{run_id}:campaign:{campaign_id}"
+
+
+def redis_ysb_campaign_windows_key(run_id: str, campaign_id: str) -> str:
+    """Redis sorted set of one campaign's window starts in a YSB job run (score = start, ms)."""
+    return f"{REDIS_PREFIX}:ysb:run:{run_id}:campaign:{campaign_id}:windows"
+
+
+def redis_ysb_window_key(run_id: str, campaign_id: str, window_start_ms: int) -> str:
+    """Redis hash of one (campaign, 10 s window) of a YSB job run: `seen_count` (views) and
+    `time_updated` (wall-clock ms of the write)."""
+    return f"{REDIS_PREFIX}:ysb:run:{run_id}:window:{campaign_id}:{int(window_start_ms)}"

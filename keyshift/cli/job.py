@@ -1,8 +1,9 @@
 """`keyshift job run [--job NAME]`: run a registered keyed window job in this process (local Spark).
 
 Jobs (`keyshift.jobs.job_specs`): `flight_delays` (hourly tumbling windows per origin, with
-alerts; the default) and `flight_delays_sliding` (1 h windows every minute per origin, computed
-with key windows). `keyshift job run flight_delays` (the job as an argument) still works."""
+alerts; the default), `flight_delays_sliding` (1 h windows every minute per origin, computed
+with key windows) and `ysb` (views per campaign per 10 s window, the Yahoo Streaming Benchmark;
+`--topic` and `--window-ms` default to the job's own: ysb-ad-events, 10,000 ms). `keyshift job run flight_delays` (the job as an argument) still works."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def flight_delay_options(function):
     """The options of a flight delay run, shared by the CLI and spark_jobs/flight_delays.py."""
     options = [
         click.option("--job", "job_name", type=click.Choice(job_names()), default=None,
-                     help="The job spec to run (default flight_delays): flight_delays (tumbling windows, alerts) or "
-                          "flight_delays_sliding (1 h windows every minute, as key windows)."),
+                     help="The job spec to run (default flight_delays): flight_delays (tumbling windows, alerts), "
+                          "flight_delays_sliding (1 h windows every minute, as key windows) or ysb (views per campaign per 10 s)."),
         click.option("--run-id", default=None, help="Run id; default fd-<UTC time>-<hex>. Names runs/<run_id>/."),
         click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy of keys to slots."),
         click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, help="P slots = topic partitions = shuffle partitions."),
@@ -50,9 +51,9 @@ def flight_delay_options(function):
                      help="Per-key modes: no key's watermark stays further than this behind the stream's max event time (ms)."),
         click.option("--key-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=WatermarkPolicy.idle_timeout_s,
                      show_default=True, help="timeout fallback: seconds without events after which a key closes its windows."),
-        click.option("--window-ms", type=click.IntRange(min=1), default=HOUR_MS,
+        click.option("--window-ms", type=click.IntRange(min=1), default=None, show_default=f"the job's ({HOUR_MS} for the flights)",
                      help="Window size, ms of event time (a key-window job slides by its spec's slide_ms)."),
-        click.option("--topic", default=FLIGHTS_TOPIC, help="Input topic."),
+        click.option("--topic", default=None, show_default=f"the job's ({FLIGHTS_TOPIC} for the flights)", help="Input topic."),
         click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
         click.option("--limit", type=click.IntRange(min=1), default=None, help="Bounded run: wait for LIMIT records, drain, flush, stop. Default: run until stopped."),
         click.option("--starting", type=click.Choice(["replay", "earliest", "latest"]), default="replay", help="Start offsets: where the last replay into the topic began, or earliest/latest."),
@@ -87,15 +88,18 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
             raise click.UsageError(f"--resume {options['resume']} continues that run; drop --run-id {options['run_id']}")
         return run_flight_delays(Settings(), FlightDelayJobConfig(run_id=options["resume"]), resume=True, driver_log=driver_log,
                                  progress=progress)
+    from keyshift.jobs import job_spec
+
+    spec = job_spec(options.get("job_name") or "flight_delays")
     config = FlightDelayJobConfig(
         run_id=options["run_id"] or new_run_id(),
-        job=options.get("job_name") or "flight_delays",
+        job=spec.name,
         strategy=options["strategy"],
         partitions=options["partitions"],
         epoch=options["epoch"],
         bound_ms=options["bound_ms"],
-        window_ms=options["window_ms"],
-        topic=options["topic"],
+        window_ms=options["window_ms"] or spec.window_ms,
+        topic=options["topic"] or spec.topics.input,
         max_offsets_per_trigger=options["max_offsets_per_trigger"],
         limit=options["limit"],
         idle_timeout_s=options["idle_timeout"],

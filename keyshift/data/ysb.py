@@ -77,7 +77,7 @@ from keyshift.data.replay import (
     send_placed,
 )
 from keyshift.errors import ConfigurationError, StackError
-from keyshift.names import redis_replay_key, redis_ysb_ad_campaign_key, redis_ysb_campaigns_key
+from keyshift.names import redis_replay_key, redis_ysb_ad_campaign_key, redis_ysb_ad_campaign_version_key, redis_ysb_campaigns_key
 from keyshift.placement.learning import LEARN_FRACTION, LEARNED_STRATEGIES, publish_learned
 from keyshift.placement.strategies import Strategy
 from keyshift.settings import Settings
@@ -411,7 +411,9 @@ def campaign_counts(stream: EventStream, events: int) -> dict[str, int]:
 
 def write_campaign_map(settings: Settings, topic: str, cmap: CampaignMap) -> None:
     """Replace the topic's YSB map in Redis: the hash ad_id -> campaign_id and the campaigns set,
-    both deleted and written again in one MULTI/EXEC (a reader never sees half a map).
+    both deleted and written again in one MULTI/EXEC (a reader never sees half a map), which also
+    increments the map's version counter (`redis_ysb_ad_campaign_version_key`: the YSB job's
+    executors reload their cached copy when it changes).
 
     Raises:
         StackError: Redis unreachable or refusing the login.
@@ -427,6 +429,7 @@ def write_campaign_map(settings: Settings, topic: str, cmap: CampaignMap) -> Non
         pipe.delete(hash_key, set_key)
         pipe.hset(hash_key, mapping=cmap.ad_campaign())
         pipe.sadd(set_key, *cmap.campaigns)
+        pipe.incr(redis_ysb_ad_campaign_version_key(topic))
         pipe.execute()
     except redis.RedisError as exc:
         raise StackError(f"Redis at {settings.redis_address} failed writing the YSB map of {topic!r}: {exc}") from exc

@@ -7,11 +7,12 @@ from keyshift.processing.spec import JobSpec
 
 
 def job_specs() -> dict[str, JobSpec]:
-    """Every registered job: name -> spec (`flight_delays`, `flight_delays_sliding`)."""
+    """Every registered job: name -> spec (`flight_delays`, `flight_delays_sliding`, `ysb`)."""
     from keyshift.jobs.flight_delays import FLIGHT_DELAYS
     from keyshift.jobs.flight_delays_sliding import FLIGHT_DELAYS_SLIDING
+    from keyshift.jobs.ysb import YSB
 
-    return {spec.name: spec for spec in (FLIGHT_DELAYS, FLIGHT_DELAYS_SLIDING)}
+    return {spec.name: spec for spec in (FLIGHT_DELAYS, FLIGHT_DELAYS_SLIDING, YSB)}
 
 
 def job_names() -> tuple[str, ...]:

@@ -418,13 +418,15 @@ def concrete_offsets(settings: Settings, topic: str, start: dict[int, int] | str
     return {p: int(start.get(p, begin[p])) for p in end}
 
 
-def ensure_side_output_topics(settings: Settings, partitions: int) -> None:
-    """Create the side-output topics (alerts, late, dead letters: P partitions) and the sink's
+def ensure_side_output_topics(settings: Settings, partitions: int, topics=None) -> None:
+    """Create the side-output topics (alerts, late, dead letters: P partitions; the flights' or
+    those of `topics`, a job's `JobTopics`, its alerts topic only when it has one) and the sink's
     commit topic (one partition) where they are missing; existing ones are left as they are."""
     from keyshift.topics import create_topics, describe_topics
 
-    existing = describe_topics(settings, [ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC, SINK_COMMITS_TOPIC])
-    missing = [t for t in (ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC) if t not in existing]
+    side = (ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC) if topics is None else tuple(t for t in (topics.alerts, topics.late, topics.dead_letter) if t)
+    existing = describe_topics(settings, [*side, SINK_COMMITS_TOPIC])
+    missing = [t for t in side if t not in existing]
     if missing:
         create_topics(settings, missing, partitions)
     if SINK_COMMITS_TOPIC not in existing:
@@ -533,7 +535,7 @@ def run_flight_delays(
         target = config.end_offsets if config.limit else None
         events_target = sum(o - start.get(p, 0) for p, o in target.items()) if target else None
         recorder.on_progress = lambda record: bar({**record, "events_target": events_target})
-        ensure_side_output_topics(settings, config.partitions)
+        ensure_side_output_topics(settings, config.partitions, config.spec.topics)
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
@@ -580,7 +582,7 @@ def run_flight_delays(
             raise JobError(
                 f"run {config.run_id} does not reconcile: events read {summary['events_read']} != "
                 f"windows {summary['sum_window_counts']} + late {summary['late_events']} + dead letters {summary['dead_letters']}"
-                f" + pending {summary['pending_events']}"
+                f" + filtered {summary['filtered_events']} + pending {summary['pending_events']}"
             )
         recorder.finish(summary, state="succeeded" if config.limit else "stopped")
         return summary
@@ -954,6 +956,7 @@ def build_summary(
         "alerts": counters.alerts,
         "late_events": counters.late_events,
         "dead_letters": counters.dead_letters,
+        "filtered_events": counters.filtered_events,
         "dead_letters_by_reason": dict(sorted(counters.dead_letters_by_reason.items())),
         "split_keys": {key: list(slots) for key, slots in sorted((config.split or {}).items())},
         "merged_window_pieces": counters.merged_window_pieces,

@@ -3,7 +3,8 @@
 source (Kafka rows) -> parse & validate (the job spec's record rules) -> keep this run's records
 -> event-time plausibility (implausible events become dead letters before the watermark can see
 them) -> dead-letter payload -> event-time watermark -> drop end-of-input markers
--> Local Merge: partials per (key, window) and the slot token from the assignment (mapInArrow)
+-> Local Merge: (a looked-up key, `keyshift.processing.key_lookup`) partials per (key, window)
+   and the slot token from the assignment (mapInArrow)
 -> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids)
 
 A spec with `window="key_windows"` (sliding windows, paper 003) shares everything up to the
@@ -242,12 +243,18 @@ def flight_delay_stream(
         check_key_window_run(spec, config.split, policy)
         return key_window_stream(events.select(*input_columns(spec)), spec, config.strategy, config.partitions, config.window_ms,
                                  policy, config.assignment, store, watermark_floor_ms, initial_state)
+    lookup = None
+    if spec.key_lookup is not None:  # the executors read the lookup map from the run's Redis
+        from keyshift.settings import Settings
+
+        lookup = (config.redis_url or Settings().redis_url, config.topic)
     partials = events.select(*input_columns(spec)).mapInArrow(
         local_merge_function(
             spec,
             config.strategy, config.partitions, config.window_ms, config.assignment,
             store,
             config.split,
+            lookup,
         ),
         partial_schema(spec),
     )

@@ -32,6 +32,7 @@ class Counts:
     alerts: int = 0
     late_events: int = 0
     dead_letters: int = 0
+    filtered_events: int = 0
     merged_window_pieces: int = 0
     per_slot_events: list[int] = field(default_factory=list)
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
@@ -43,8 +44,9 @@ class Counts:
 
     @property
     def accounted_events(self) -> int:
-        """Events the outputs account for: Σ window counts + late + dead letters."""
-        return self.sum_window_counts + self.late_events + self.dead_letters
+        """Events the outputs account for: Σ window counts + late + dead letters + filtered
+        (records a spec's `keep` rule left out)."""
+        return self.sum_window_counts + self.late_events + self.dead_letters + self.filtered_events
 
 
 @dataclass
@@ -69,6 +71,7 @@ class RunCounters(Counts):
         self.alerts += batch.alerts
         self.late_events += batch.late_events
         self.dead_letters += batch.dead_letters
+        self.filtered_events += batch.filtered_events
         self.merged_window_pieces += batch.merged_window_pieces
         # a switch may change P between batches of one run: the longer list sets the length
         width = max(len(self.per_slot_events), len(batch.per_slot_events))

@@ -12,6 +12,12 @@ distance_mi), which the processor unpacks only when the partial turns out to be 
 window already closed) or holds a duplicate. Dead letters pass through one row each. A key split
 by hot_split yields one partial per (window, piece), each with its piece's slot token. The
 columns come from the job's spec (`keyshift.processing.spec.JobSpec`).
+
+A spec with `keep`: the records its rule left out (reason `FILTERED`) become one row per Kafka
+partition of the chunk, `count` = how many, in the dead-letter lane (reason `filtered`, first
+offset), so the processor counts them as processed and the sink as filtered, without one row per
+record crossing the shuffle. A spec with `key_lookup`: the key is looked up first
+(`keyshift.processing.key_lookup`), which may turn records into dead letters.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from keyshift.eventtime.windows import window_starts_ms
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.placement.strategies import place_events
-from keyshift.processing.records import parsed_columns
+from keyshift.processing.records import FILTERED, parsed_columns
 from keyshift.processing.spec import JobSpec
 
 def list_column(column: str) -> str:
@@ -139,8 +146,23 @@ def partials_of(
     columns_out = partial_schema(spec).fieldNames()
     rejected = events["dead_letter_reason"].notna().to_numpy()
     frames = []
-    if rejected.any():
-        dead = events[rejected]
+    filtered = (events["dead_letter_reason"] == FILTERED).to_numpy()
+    if filtered.any():
+        partitions, first = np.unique(events["kafka_partition"].to_numpy(np.int64)[filtered], return_index=True)
+        counts = np.bincount(np.searchsorted(partitions, events["kafka_partition"].to_numpy(np.int64)[filtered]))
+        nothing = [None] * len(partitions)
+        columns = {name: nothing for name in columns_out}
+        columns.update(
+            token=tokens[partitions % len(tokens)].astype(np.int32),
+            count=counts.astype(np.int64),
+            kafka_offsets=[[int(o)] for o in events["kafka_offset"].to_numpy(np.int64)[filtered][first]],
+            kafka_partition=partitions.astype(np.int32),
+            dead_letter_reason=[FILTERED] * len(partitions),
+        )
+        frames.append(pd.DataFrame(columns, columns=columns_out))
+    dead_rows = rejected & ~filtered
+    if dead_rows.any():
+        dead = events[dead_rows]
         partitions = dead["kafka_partition"].to_numpy(np.int64)
         nothing = [None] * len(dead)  # None, not NaN: Spark reads NaN in a list column as a value
         columns = {name: nothing for name in columns_out}
@@ -199,6 +221,7 @@ def local_merge_function(
     assignment: dict[str, int] | None = None,
     store: tuple[str, str] | None = None,
     split: Mapping[str, Sequence[int]] | None = None,
+    lookup: tuple[str, str] | None = None,
 ):
     """The `mapInArrow` function: a Spark partition of parsed records -> its partials
     (`partials_arrow`, rows of `partial_schema(spec)`).
@@ -212,8 +235,17 @@ def local_merge_function(
     `store` ((redis_url, assignment name) for keys it lacks), slots come from that shared
     assignment instead of a rule the executor computes itself. With `split` (hot_split: key ->
     its slots, two or more), a split key's events are spread over its slots by `row_tokens`; the
-    sink merges the key's windows from those slots before writing them.
+    sink merges the key's windows from those slots before writing them. With `lookup`
+    ((redis_url, input topic), for a spec with `key_lookup`), the key is looked up first in the
+    worker's cached copy of the map (`keyshift.processing.key_lookup.lookup_keys`).
+
+    Raises:
+        ConfigurationError: a `key_lookup` spec without `lookup`.
     """
+    if spec.key_lookup is not None and lookup is None:
+        from keyshift.errors import ConfigurationError
+
+        raise ConfigurationError(f"job {spec.name} looks its key up in Redis: Local Merge needs (redis_url, topic)")
 
     def merge(chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if assignment is not None:
@@ -224,7 +256,12 @@ def local_merge_function(
         batches = [chunk for chunk in chunks if chunk.num_rows]
         if batches:
             schema = arrow_partial_schema(spec)
-            table = partials_arrow(pa.Table.from_batches(batches), spec, token_of, tokens, window_ms, split_tokens, schema)
+            events = pa.Table.from_batches(batches)
+            if spec.key_lookup is not None:
+                from keyshift.processing.key_lookup import lookup_keys, worker_cache
+
+                events = lookup_keys(events, spec, worker_cache(lookup[0], spec.key_lookup, lookup[1]))
+            table = partials_arrow(events, spec, token_of, tokens, window_ms, split_tokens, schema)
             yield from table.to_batches()
 
     return merge
@@ -239,6 +276,25 @@ def arrow_partial_schema(spec: JobSpec) -> pa.Schema:
 
 def _list_array(offsets: pa.Array, values: pa.Array) -> pa.ListArray:
     return pa.ListArray.from_arrays(offsets, values)
+
+
+def _filtered_arrow(filtered: pa.Table, tokens: np.ndarray, schema: pa.Schema) -> pa.Table:
+    """One `FILTERED` row per Kafka partition of `filtered` (records the spec's `keep` left out):
+    count = its records, kafka_offsets = [its first record's offset], token of slot
+    partition mod P; every other column NULL."""
+    all_partitions = filtered.column("kafka_partition").to_numpy().astype(np.int64)
+    partitions, first, counts = np.unique(all_partitions, return_index=True, return_counts=True)
+    n = len(partitions)
+    offsets = filtered.column("kafka_offset").to_numpy().astype(np.int64)[first]
+    arrays = {field.name: pa.nulls(n, field.type) for field in schema}
+    arrays.update(
+        token=pa.array(tokens[partitions % len(tokens)].astype(np.int32)),
+        count=pa.array(counts.astype(np.int64)),
+        kafka_offsets=_list_array(pa.array(np.arange(n + 1, dtype=np.int32)), pa.array(offsets)),
+        kafka_partition=pa.array(partitions.astype(np.int32)),
+        dead_letter_reason=pa.array([FILTERED] * n, pa.string()),
+    )
+    return pa.table([arrays[f.name].cast(f.type) for f in schema], schema=schema)
 
 
 def partials_arrow(
@@ -271,8 +327,14 @@ def partials_arrow(
     reasons = events.column("dead_letter_reason")
     rejected = np.asarray(reasons.is_valid(), dtype=bool) if reasons.null_count < len(reasons) else np.zeros(len(reasons), bool)
     pieces = []
-    if rejected.any():
-        dead = events.filter(pa.array(rejected))
+    dead_rows = rejected
+    if spec.keep is not None and rejected.any():
+        filtered = np.asarray(pc.fill_null(pc.equal(reasons, FILTERED), False), dtype=bool)
+        if filtered.any():
+            pieces.append(_filtered_arrow(events.filter(pa.array(filtered)), tokens, schema))
+            dead_rows = rejected & ~filtered
+    if dead_rows.any():
+        dead = events.filter(pa.array(dead_rows))
         n = dead.num_rows
         partitions = dead.column("kafka_partition").to_numpy().astype(np.int64)
         arrays = {field.name: pa.nulls(n, field.type) for field in schema}

@@ -615,7 +615,7 @@ class KeyedWindowProcessor(StatefulProcessor):
         keys = partials[self._key].to_numpy(object)[order]
         counts = partials["count"].to_numpy(np.int64)[order]
         starts = partials["window_start_ms"].to_numpy(np.int64)[order]
-        aggregates = np.vstack([partials[name].to_numpy(np.int64)[order] for name in spec.aggregate_names]).reshape(self._n, -1)
+        aggregates = np.array([partials[name].to_numpy(np.int64)[order] for name in spec.aggregate_names], np.int64).reshape(self._n, len(order))
         events = _flat(partials, order, "event_ids")
         event_starts = np.repeat(starts, counts)
         boundary = np.flatnonzero(keys[1:] != keys[:-1]) + 1
@@ -650,7 +650,7 @@ class KeyedWindowProcessor(StatefulProcessor):
                 duplicate_indices.append(e_lo + np.flatnonzero(duplicate))
                 if values_of_events is None:
                     values_of_events = {f: _flat(partials, order, list_column(f)) for f in {a.field for a in spec.aggregates}}
-                per_event = np.vstack([values_of_events[a.field][e_lo:e_hi][keep] for a in spec.aggregates]).reshape(self._n, -1)
+                per_event = np.array([values_of_events[a.field][e_lo:e_hi][keep] for a in spec.aggregates], np.int64).reshape(self._n, int(keep.sum()))
                 new = merge_partials(spec, event_starts[e_lo:e_hi][keep], np.ones(int(keep.sum()), np.int64), per_event)
                 ids, id_starts = ids[keep], event_starts[e_lo:e_hi][keep]
             else:
@@ -719,6 +719,7 @@ class KeyedWindowProcessor(StatefulProcessor):
             len(dead),
             {
                 "slot": [slot] * len(dead),
+                "count": dead["count"].tolist(),  # 1, or the records a `filtered` row stands for
                 "dead_letter_reason": dead["dead_letter_reason"].tolist(),
                 "raw_value": dead["raw_value"].tolist(),
                 "raw_encoding": dead["raw_encoding"].tolist(),

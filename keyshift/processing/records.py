@@ -28,6 +28,13 @@ this order (`REASONS` lists them):
 7. `key does not match <key>`: the Kafka key's bytes differ from the key field's UTF-8 bytes
    (placement relies on the key).
 
+A spec with `keep` (`keyshift.processing.spec.Keep`) marks a record that passes every rule but
+does not match it with the reason `FILTERED`: not a dead letter, not an event; Local Merge folds
+such records into one row per Kafka partition and the sink counts them as `filtered`. A spec
+with `key_lookup` has no key field: its key column holds the Kafka key as text (the key the
+producer claims), and rule 7 is checked, with `unknown <field>`, once the key is looked up
+(`keyshift.processing.key_lookup`, in Local Merge).
+
 Event-time plausibility (`keyshift.eventtime.plausibility`) and duplicated event ids
 (`keyshift.processing.processor`) add their own reasons later in the pipeline.
 
@@ -62,6 +69,9 @@ EMPTY_VALUE = "empty value"
 INVALID_UTF8 = "invalid UTF-8"
 MALFORMED_JSON = "malformed JSON"
 NOT_AN_OBJECT = "not a JSON object"
+FILTERED = "filtered"
+"""The reason column's value for a valid record that the spec's `keep` rule leaves out: it is
+counted as filtered, never as a dead letter (module docstring)."""
 
 
 def expected_variant_schema(spec: JobSpec) -> str:
@@ -93,6 +103,7 @@ def reasons(spec: JobSpec) -> tuple[str, ...]:
         *(f"empty {f.name}" for f in spec.fields if f.non_empty),
         *(f"{f.name} over {MAX_CODE_BYTES} bytes" for f in spec.fields if f.non_empty),
         *(f"negative {f.name}" for f in spec.fields if f.non_negative),
+        *((spec.key_lookup.missing_reason,) if spec.key_lookup is not None else ()),
         key_mismatch(spec),
     )
 
@@ -149,9 +160,10 @@ def _value_reason(spec: JobSpec, key: Column, parsed: Column) -> Column:
     for f in spec.fields:
         if f.non_negative:
             reason = reason.when(parsed[f.name] < 0, F.lit(f"negative {f.name}"))
-    key_name = next(f.name for f in spec.fields if f.col == spec.key)
-    matches = key.isNotNull() & (key == F.encode(parsed[key_name], "UTF-8"))
-    reason = reason.when(~matches, F.lit(key_mismatch(spec)))
+    if spec.key_lookup is None:  # a looked-up key is checked where it is looked up
+        key_name = next(f.name for f in spec.fields if f.col == spec.key)
+        matches = key.isNotNull() & (key == F.encode(parsed[key_name], "UTF-8"))
+        reason = reason.when(~matches, F.lit(key_mismatch(spec)))
     # from_json agrees with the strict parse on every record that got this far; kept as a guard
     return reason.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit(MALFORMED_JSON))
 
@@ -259,13 +271,18 @@ def validate_records(kafka_rows: DataFrame, spec: JobSpec, canonical_fast_path: 
     )
     reason = _reason(spec, F.col("_value"), F.col("_key"), F.col("_text"), F.col("_variant"), F.col("_parsed"),
                      F.col("_canonical") if canonical_fast_path else None)
+    if spec.keep is not None:
+        kept = F.col(f"_parsed.{spec.keep.field}").isin(*spec.keep.values)
+        reason = F.when(reason.isNull() & ~F.coalesce(kept, F.lit(False)), F.lit(FILTERED)).otherwise(reason)
     is_control = F.coalesce(F.col("_text").startswith(END_OF_INPUT_PREFIX), F.lit(False))
     staged = staged.select("*", reason.alias("dead_letter_reason"), is_control.alias("is_control"))
     valid = F.col("dead_letter_reason").isNull() | F.col("is_control")
-    name_of = {f.col: f.name for f in spec.fields}
+    source = {f.col: F.col(f"_parsed.{f.name}") for f in spec.fields}
+    if spec.key_lookup is not None:
+        source[spec.key] = F.col("_key").cast("string")  # the claimed key, checked after the lookup
 
     return staged.select(
-        *[F.when(valid, F.col(f"_parsed.{name_of[column]}")).alias(column) for column in record_columns(spec)],
+        *[F.when(valid, source[column]).alias(column) for column in record_columns(spec)],
         F.when(~F.col("is_control"), F.col("dead_letter_reason")).alias("dead_letter_reason"),
         "kafka_partition",
         "kafka_offset",
@@ -293,17 +310,23 @@ def with_dead_letter_payload(validated: DataFrame, spec: JobSpec) -> DataFrame:
         (the value as text when it is valid UTF-8, else its base64; NULL for a valid record or a
         tombstone), `raw_encoding` (`utf-8`, `base64`, or NULL with `raw_value`),
         `raw_key_base64` (base64 of the Kafka key of a rejected record, NULL otherwise or
-        without a key), and the rest of `validated_columns(spec)` without the raw bytes.
+        without a key), and the rest of `validated_columns(spec)` without the raw bytes. A
+        `FILTERED` record gets no payload; with a `key_lookup` spec a valid record keeps its
+        payload too, since the lookup may still reject it.
     """
-    rejected = F.col("dead_letter_reason").isNotNull()
+    reason = F.col("dead_letter_reason")
+    rejected = reason.isNotNull()
+    payload = rejected & (reason != F.lit(FILTERED)) if spec.keep is not None else rejected
+    if spec.key_lookup is not None:
+        payload = payload | ~rejected
     raw = F.col("raw_value_bytes")
     utf8 = F.is_valid_utf8(raw.cast("string"))
     return validated.select(
         *[F.when(~rejected, F.col(name)).alias(name) for name in record_columns(spec)],
         "dead_letter_reason",
-        F.when(rejected & utf8, raw.cast("string")).when(rejected, _base64(raw)).alias("raw_value"),
-        F.when(rejected & utf8, F.lit("utf-8")).when(rejected & raw.isNotNull(), F.lit("base64")).alias("raw_encoding"),
-        F.when(rejected, _base64(F.col("raw_key_bytes"))).alias("raw_key_base64"),
+        F.when(payload & utf8, raw.cast("string")).when(payload, _base64(raw)).alias("raw_value"),
+        F.when(payload & utf8, F.lit("utf-8")).when(payload & raw.isNotNull(), F.lit("base64")).alias("raw_encoding"),
+        F.when(payload, _base64(F.col("raw_key_bytes"))).alias("raw_key_base64"),
         "kafka_partition",
         "kafka_offset",
         "is_control",

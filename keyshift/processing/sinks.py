@@ -12,7 +12,13 @@ per-slot loads: small next to the input) to the driver once, then
   reason to `flights-dead-letter` (JSON values) in one Kafka transaction per batch, exactly once
   for `read_committed` consumers (`keyshift.processing.side_outputs`);
 - records the batch's counts in `runs/<run_id>/batches/` (`keyshift.processing.ledger`), so the
-  run's totals survive a crash of the driver and a replayed batch is never counted twice.
+  run's totals survive a crash of the driver and a replayed batch is never counted twice;
+- for a spec with `redis_windows` (YSB), also writes each final window's count and update time
+  to Redis (`keyshift.processing.redis_windows`), right after the windows file.
+
+Rows in the dead-letter lane with reason `filtered` (`keyshift.processing.records.FILTERED`)
+stand for `count` records a spec's `keep` rule left out: they are counted as `filtered_events`,
+never sent or counted as dead letters.
 
 A key that hot_split spread over several slots closes each window on every slot that holds a
 piece of it, all in the same micro-batch (the watermark, and so every event-time timer, is one
@@ -38,6 +44,7 @@ from keyshift.processing.failpoints import failpoint
 from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
 from keyshift.processing.pieces import PieceAssembler, merge_window_rows
 from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
+from keyshift.processing.records import FILTERED
 from keyshift.processing.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -119,7 +126,7 @@ class KeyedWindowSink:
     """The output table's folder under the run's folder."""
 
     def __init__(self, spec: JobSpec, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0,
-                 pieces: PieceAssembler | None = None) -> None:
+                 pieces: PieceAssembler | None = None, redis_windows=None) -> None:
         self.spec = spec
         self._table_schema = window_table_schema(spec)
         self.windows_dir = Path(run_dir) / self.TABLE
@@ -135,6 +142,14 @@ class KeyedWindowSink:
         self.last_batch_id = max(self._batches, default=-1)
         self.batch_base = batch_base
         self.pieces = pieces
+        if spec.redis_windows and redis_windows is None:
+            import redis
+
+            from keyshift.processing.redis_windows import RedisWindowWriter
+            from keyshift.settings import Settings
+
+            redis_windows = RedisWindowWriter(redis.Redis.from_url(Settings().redis_url, socket_timeout=30), run_id, spec.key)
+        self.redis_windows = redis_windows
         self.barrier = threading.Event()
         self.in_flight = False
         self.last_query_batch: int | None = None
@@ -164,6 +179,11 @@ class KeyedWindowSink:
         windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])
         late = by_kind.get(KIND_LATE, out.iloc[0:0])
         dead = by_kind.get(KIND_DEAD_LETTER, out.iloc[0:0])
+        filtered = 0
+        if self.spec.keep is not None and len(dead):
+            is_filtered = (dead["dead_letter_reason"] == FILTERED).to_numpy()
+            filtered = int(dead.loc[is_filtered, "count"].sum())
+            dead = dead[~is_filtered]
         if self.pieces is not None:
             marks = by_kind.get(KIND_WATERMARK, out.iloc[0:0])
             fallback = out["global_watermark_ms"].max() if len(out) else None
@@ -178,6 +198,8 @@ class KeyedWindowSink:
 
         if len(windows):
             self._write_windows(windows, batch_id)
+            if self.redis_windows is not None:
+                self.redis_windows.write(windows)
         if self.side_outputs is not None:
             topics = self.spec.topics
             alerts = windows[windows[self.spec.alert].astype(bool)] if len(windows) and self.spec.alert else windows.iloc[0:0]
@@ -193,6 +215,7 @@ class KeyedWindowSink:
             alerts=int(windows[self.spec.alert].astype(bool).sum()) if len(windows) and self.spec.alert else 0,
             late_events=len(late),
             dead_letters=len(dead),
+            filtered_events=filtered,
             merged_window_pieces=merged_pieces,
             per_slot_events=slot_events,
             dead_letters_by_reason={str(r): int(n) for r, n in dead["dead_letter_reason"].value_counts().items()} if len(dead) else {},
@@ -210,8 +233,8 @@ class KeyedWindowSink:
             self.batch_slot_events[batch_id] = slot_events
             self.last_batch_id = max(self.last_batch_id, batch_id)
         log.info(
-            "batch %d: processed %d events, %d windows (%d split pieces merged), %d late, %d dead letters%s",
-            batch_id, sum(slot_events), len(windows), merged_pieces, len(late), len(dead), " (replayed)" if replayed else "",
+            "batch %d: processed %d events, %d windows (%d split pieces merged), %d late, %d dead letters, %d filtered%s",
+            batch_id, sum(slot_events), len(windows), merged_pieces, len(late), len(dead), filtered, " (replayed)" if replayed else "",
         )
 
     def _write_windows(self, windows: pd.DataFrame, batch_id: int) -> None:

@@ -23,6 +23,18 @@ the key is a string and the Kafka key must equal its UTF-8 bytes (placement reli
 Aggregates are over long fields and must be associative and commutative (sum, max, min; count is
 always computed), so partials merge in any order: before the shuffle (Local Merge), across
 micro-batches, across the pieces of a split key, and across a switch.
+
+Two options serve jobs whose records need more than validation (the Yahoo Streaming Benchmark,
+`keyshift.jobs.ysb`):
+- `keep` (`Keep`): only records whose string field is one of some values are the job's events;
+  a valid record that does not match is `filtered`: neither an event nor a dead letter, counted
+  so that events read = Σ window counts + late + dead letters + filtered + pending.
+- `key_lookup` (`KeyLookup`): the key is not in the record but looked up from one of its fields
+  in a map kept in Redis (YSB: ad_id -> campaign_id), executor-side in Local Merge
+  (`keyshift.processing.key_lookup`); the Kafka key must equal the looked-up key.
+`carry` limits the fields carried past validation (YSB projects ad_id and the event time), and
+`redis_windows` makes the sink also write each final window to Redis as the published benchmark
+does (`keyshift.processing.redis_windows`).
 """
 
 from __future__ import annotations
@@ -102,11 +114,47 @@ class Aggregate:
 
 
 @dataclass(frozen=True)
+class Keep:
+    """Keep only the records whose string field `field` equals one of `values` (YSB:
+    `Keep("event_type", ("view",))`); the other valid records are `filtered` (module docstring)."""
+
+    field: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KeyLookup:
+    """The key of a record is looked up from its string field `field` in a Redis hash.
+
+    Attributes:
+        field: the record's field whose value is looked up (YSB: `ad_id`).
+        map_key: input topic -> name of the Redis hash field value -> key (YSB:
+            `keyshift.names.redis_ysb_ad_campaign_key`).
+        version_key: input topic -> name of a Redis counter its writer increments with every new
+            map, so executors reload their cached copy only when it changed.
+
+    A record whose value is not in the map is a dead letter `unknown <field>`
+    (`missing_reason`); one whose Kafka key differs from the looked-up key is a dead letter
+    `key does not match <key>` (`keyshift.processing.records.key_mismatch`).
+    """
+
+    field: str
+    map_key: Callable[[str], str]
+    version_key: Callable[[str], str]
+
+    @property
+    def missing_reason(self) -> str:
+        """The dead-letter reason of a record whose `field` value is not in the map."""
+        return f"unknown {self.field}"
+
+
+@dataclass(frozen=True)
 class JobTopics:
-    """The job's Kafka topics: input, and the side outputs for alerts, late events, dead letters."""
+    """The job's Kafka topics: input, and the side outputs for alerts (None: a job without
+    alerts), late events, dead letters."""
 
     input: str
-    alerts: str
+    alerts: str | None
     late: str
     dead_letter: str
 
@@ -135,12 +183,22 @@ class JobSpec:
             `slide_ms`, computed with key windows; module docstring).
         slide_ms: key windows only: the slide s, ms of event time (> 0; p must be a multiple of
             it); None for a tumbling window.
+        keep: only records matching it are events; the other valid ones are `filtered` (None:
+            every valid record is an event).
+        key_lookup: the key is looked up in Redis from a field (None: the key is a field).
+        carry: the names of the fields carried past validation besides the key, the event id and
+            the event time (the payload of late and duplicated events; must include the lookup
+            field); None: every field.
+        redis_windows: the sink also writes every final window's count and update time to Redis
+            (`keyshift.processing.redis_windows`).
 
     Raises:
         ConfigurationError: a field, aggregate or column the spec names is missing or mistyped;
             an unknown window; a `key_windows` spec without a valid slide, with aggregates other
             than sum and/or max of one long field, or with derived outputs or an alert; a
-            tumbling spec with a slide.
+            tumbling spec with a slide; a `keep`, `key_lookup` or `carry` naming no string field
+            (any field for carry), a key lookup whose key is also a field, a lookup field not
+            carried; `keep`, `key_lookup` or `redis_windows` with key windows.
     """
 
     name: str
@@ -156,14 +214,20 @@ class JobSpec:
     window_ms: int = HOUR_MS
     window: str = "tumbling"
     slide_ms: int | None = None
+    keep: Keep | None = None
+    key_lookup: KeyLookup | None = None
+    carry: tuple[str, ...] | None = None
+    redis_windows: bool = False
     event_time: str = field(default="event_time_ms", init=False)
     event_id: str = field(default="event_id", init=False)
 
     def __post_init__(self) -> None:
         by_col = {f.col: f for f in self.fields}
-        for column, dtype in ((self.key, "string"), (self.event_id, "long"), (self.event_time, "long")):
+        needed = ((self.event_id, "long"), (self.event_time, "long"))
+        for column, dtype in needed if self.key_lookup is not None else ((self.key, "string"), *needed):
             if column not in by_col or by_col[column].dtype != dtype:
                 raise ConfigurationError(f"job {self.name}: needs a {dtype} field with column {column!r}")
+        self._check_options(by_col)
         for aggregate in self.aggregates:
             if aggregate.op not in AGGREGATE_OPS:
                 raise ConfigurationError(f"job {self.name}: unknown aggregate op {aggregate.op!r}; use one of {', '.join(AGGREGATE_OPS)}")
@@ -175,6 +239,23 @@ class JobSpec:
         if self.alert is not None and self.outputs.get(self.alert) != "boolean":
             raise ConfigurationError(f"job {self.name}: alert {self.alert!r} must be a boolean output")
         self._check_window()
+
+    def _check_options(self, by_col: Mapping[str, RecordField]) -> None:
+        """`keep`, `key_lookup`, `carry` and `redis_windows` (class docstring, Raises)."""
+        by_name = {f.name: f for f in self.fields}
+        for option, name in (("keep", self.keep and self.keep.field), ("key_lookup", self.key_lookup and self.key_lookup.field)):
+            if name is not None and (name not in by_name or by_name[name].dtype != "string"):
+                raise ConfigurationError(f"job {self.name}: {option} needs a string field {name!r}")
+        unknown = sorted(set(self.carry or ()) - set(by_name))
+        if unknown:
+            raise ConfigurationError(f"job {self.name}: carry names fields the record lacks: {unknown}")
+        if self.key_lookup is not None:
+            if self.key in by_col:
+                raise ConfigurationError(f"job {self.name}: a looked-up key {self.key!r} must not also be a record field")
+            if by_name[self.key_lookup.field].col not in {f.col for f in self.payload}:
+                raise ConfigurationError(f"job {self.name}: carry must include the lookup field {self.key_lookup.field!r}")
+        if self.window == "key_windows" and (self.keep or self.key_lookup or self.redis_windows):
+            raise ConfigurationError(f"job {self.name}: keep, key_lookup and redis_windows are for tumbling windows")
 
     def _check_window(self) -> None:
         """The window choice's own rules (class docstring, Raises)."""
@@ -211,8 +292,10 @@ class JobSpec:
     @property
     def payload(self) -> tuple[RecordField, ...]:
         """Fields carried per event through Local Merge for late and duplicate rows: all but the
-        key, the event id and the event time (which the engine carries itself)."""
-        return tuple(f for f in self.fields if f.col not in (self.key, self.event_id, self.event_time))
+        key, the event id and the event time (which the engine carries itself), or of those only
+        the ones `carry` names."""
+        return tuple(f for f in self.fields if f.col not in (self.key, self.event_id, self.event_time)
+                     and (self.carry is None or f.name in self.carry))
 
     @property
     def alert_record_columns(self) -> tuple[str, ...]:

@@ -45,7 +45,7 @@ def test_the_default_window_is_tumbling_and_unchanged():
 
 
 def test_the_sliding_flights_job_is_registered_with_the_flights_records_and_topics():
-    assert job_names() == ("flight_delays", "flight_delays_sliding")
+    assert job_names() == ("flight_delays", "flight_delays_sliding", "ysb")
     spec = job_spec("flight_delays_sliding")
     assert spec.key_windows and (spec.window_ms, spec.slide_ms) == (HOUR_MS, MINUTE_MS)
     assert spec.fields == FLIGHT_DELAYS.fields and spec.key == "origin" and spec.topics == FLIGHT_DELAYS.topics
