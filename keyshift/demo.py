@@ -16,6 +16,7 @@ from typing import Any
 
 from keyshift import runlog
 from keyshift.console import STEP
+from keyshift.eventtime.watermarks import BACKFILL_IDLE_LAG_MS
 from keyshift.names import FLIGHT_TOPICS, FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
 from keyshift.settings import DEFAULT_PARTITIONS, Settings
@@ -37,7 +38,7 @@ def run_demo(
     compare_global: bool = True,
     builtin_bound_ms: int = 172_800_000,
     topic: str = FLIGHTS_TOPIC,
-    idle_lag_ms: int = 8 * 86_400_000,
+    idle_lag_ms: int = BACKFILL_IDLE_LAG_MS,
     driver_log: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from keyshift.cli.output import run_output_options, run_terminal
-from keyshift.eventtime.watermarks import WATERMARK_MODES
+from keyshift.eventtime.watermarks import BACKFILL_IDLE_LAG_MS, WATERMARK_MODES
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.processing.flight_delays import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
@@ -28,7 +28,7 @@ def command() -> None:
 @click.option("--builtin-bound-ms", type=click.IntRange(min=0), default=172_800_000, show_default=True, help="Watermark delay of Spark's built-in job (it drops late rows silently, so it needs the bound that loses nothing).")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most.")
 @click.option("--topic", default=FLIGHTS_TOPIC, show_default=True, help="Input topic; another name than flights is recreated alone (the side-output topics are shared and kept), so the demo can run beside other runs.")
-@click.option("--idle-lag-ms", type=click.IntRange(min=0), default=691_200_000, show_default=True, help="Per-key watermark modes: the fallback watermark's lag behind the query's max event time (8 days); it must exceed how far the partitions drift apart in the backfill (up to 37 h at P=8, about a week with hot_split at P=32). Only silent keys wait for it: every other key closes its windows one bound after its own events.")
+@click.option("--idle-lag-ms", type=click.IntRange(min=0), default=BACKFILL_IDLE_LAG_MS, show_default=True, help="Per-key watermark modes: the fallback watermark's lag behind the query's max event time (8 days); it must exceed how far the partitions drift apart in the backfill (up to 37 h at P=8, about a week with hot_split at P=32). Only silent keys wait for it: every other key closes its windows one bound after its own events.")
 @click.option("--builtin/--no-builtin", default=True, help="Also run Spark's built-in aggregation and compare.")
 @run_output_options
 def demo(run_id, partitions, strategy, limit, rate, bound_ms, watermark, compare_global, builtin_bound_ms, max_offsets_per_trigger,
