@@ -17,6 +17,15 @@ two-phase-commit Kafka sink do (KIP-98 transactions):
 - before sending batch b, the sink compares b with that offset and skips a batch already
   committed (a replay), so a `read_committed` consumer sees every record exactly once.
 
+kafka-python waits without a time limit for the broker's answer to `send_offsets_to_transaction`,
+`commit_transaction` and `abort_transaction`; a broker restarted while such a request is in
+flight can leave it unanswered forever (seen: the sink hung in `send_offsets_to_transaction` for
+15 min after `keyshift stack` restarted Kafka). So each of these calls is bounded
+(`TRANSACTION_CALL_TIMEOUT_S`); when one does not finish, the producer is dropped and a new one
+with the same `transactional.id` fences it and aborts its open transaction
+(`init_transactions`), and the batch's transaction is sent again, up to
+`TRANSACTION_ATTEMPTS` times. Nothing of the abandoned transaction becomes visible.
+
 A consumer that reads with `isolation_level="read_uncommitted"` (kafka-python's default) also sees
 records of aborted transactions: read the side outputs with `read_committed`.
 """
@@ -24,10 +33,11 @@ records of aborted transactions: read the side outputs with `read_committed`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
@@ -45,6 +55,38 @@ def sink_group_id(run_id: str) -> str:
     """The consumer group whose committed offset on `SINK_COMMITS_TOPIC` counts run `run_id`'s
     committed batches (offset = last committed batch id + 1)."""
     return f"keyshift-sink-{run_id}"
+
+
+TRANSACTION_CALL_TIMEOUT_S = 90.0
+"""Seconds one transactional call (offsets, commit, abort) may take before the producer is
+replaced: longer than the transaction timeout (60 s), after which the broker aborts on its own."""
+TRANSACTION_ATTEMPTS = 5
+"""How many times a batch's transaction is sent, each with a new producer after the first."""
+
+
+def bounded_call(call: Callable[[], object], what: str, timeout_s: float) -> None:
+    """Run `call()` in a daemon thread and wait at most `timeout_s` seconds for it.
+
+    Raises:
+        KafkaTimeoutError: `call` did not return in time (the thread is left to finish or hang).
+        BaseException: whatever `call` raised.
+    """
+    outcome: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"keyshift-{what}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise KafkaTimeoutError(f"{what} did not finish in {timeout_s:.0f} s")
+    if outcome:
+        raise outcome[0]
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -98,17 +140,9 @@ class TransactionalSideOutputs:
         self.run_id = run_id
         self._bootstrap_servers = bootstrap_servers
         self._client_options = dict(client_options or {})
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap_servers,
-            transactional_id=sink_transactional_id(run_id),
-            transaction_timeout_ms=transaction_timeout_ms,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=20,
-            client_id=f"keyshift-sink-{run_id}",
-            **self._client_options,
-        )
-        self._producer.init_transactions()  # fences a crashed driver's producer, aborts its transaction
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self.call_timeout_s = TRANSACTION_CALL_TIMEOUT_S
+        self._producer = self._new_producer()
         self.last_committed_batch = last_committed_batch(bootstrap_servers, run_id, self._client_options)
         if self.last_committed_batch >= 0:
             log.info("run %s: side outputs committed up to batch %d; a replayed batch is not sent again", run_id, self.last_committed_batch)
@@ -127,23 +161,69 @@ class TransactionalSideOutputs:
         if batch_id <= self.last_committed_batch:
             log.info("run %s: batch %d's side outputs were committed before; not sending them again", self.run_id, batch_id)
             return False
-        self._producer.begin_transaction()
+        records = list(records)
+        for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+            try:
+                self._send_once(batch_id, records)
+                break
+            except KafkaTimeoutError as exc:
+                if attempt == TRANSACTION_ATTEMPTS:
+                    raise
+                log.warning("run %s: batch %d's transaction (attempt %d of %d): %s; a new producer fences this one "
+                            "and sends the batch again", self.run_id, batch_id, attempt, TRANSACTION_ATTEMPTS, exc)
+                self._replace_producer()
+        self.last_committed_batch = batch_id
+        return True
+
+    def _send_once(self, batch_id: int, records: list[tuple[str, bytes | None, bytes]]) -> None:
+        """One transaction with `records` and the batch's commit offset; aborted on any error.
+
+        Raises:
+            KafkaTimeoutError: a transactional call took longer than `call_timeout_s`.
+            kafka.errors.KafkaError: the broker refused the transaction.
+        """
+        producer = self._producer
+        producer.begin_transaction()
         try:
             for topic, key, value in records:
-                self._producer.send(topic, key=key, value=value)
-            self._producer.send_offsets_to_transaction(
-                {TopicPartition(SINK_COMMITS_TOPIC, 0): OffsetAndMetadata(batch_id + 1, self.run_id, -1)},
-                sink_group_id(self.run_id),
-            )
-            self._producer.commit_transaction()
+                producer.send(topic, key=key, value=value)
+            offsets = {TopicPartition(SINK_COMMITS_TOPIC, 0): OffsetAndMetadata(batch_id + 1, self.run_id, -1)}
+            bounded_call(lambda: producer.send_offsets_to_transaction(offsets, sink_group_id(self.run_id)),
+                         "send_offsets_to_transaction", self.call_timeout_s)
+            bounded_call(producer.commit_transaction, "commit_transaction", self.call_timeout_s)
+        except KafkaTimeoutError:
+            raise  # the producer is replaced: the new one aborts the open transaction
         except BaseException:
             try:
-                self._producer.abort_transaction()
+                bounded_call(producer.abort_transaction, "abort_transaction", self.call_timeout_s)
             except Exception as exc:  # the original error is the one to report
                 log.warning("run %s: aborting batch %d's transaction failed too: %s", self.run_id, batch_id, exc)
             raise
-        self.last_committed_batch = batch_id
-        return True
+
+    def _new_producer(self) -> KafkaProducer:
+        """A transactional producer of this run, initialised: it fences any earlier producer of the
+        run and aborts that one's open transaction."""
+        producer = KafkaProducer(
+            bootstrap_servers=self._bootstrap_servers,
+            transactional_id=sink_transactional_id(self.run_id),
+            transaction_timeout_ms=self._transaction_timeout_ms,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=20,
+            client_id=f"keyshift-sink-{self.run_id}",
+            **self._client_options,
+        )
+        producer.init_transactions()  # bounded by the producer's max_block_ms (60 s)
+        return producer
+
+    def _replace_producer(self) -> None:
+        """Drop the current producer (closed without waiting) and start a new one that fences it."""
+        old = self._producer
+        try:
+            bounded_call(lambda: old.close(timeout=0), "close", 10.0)
+        except Exception as exc:  # noqa: BLE001 - the old producer is abandoned either way
+            log.warning("run %s: closing the abandoned producer: %s", self.run_id, exc)
+        self._producer = self._new_producer()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close the producer (no transaction is open between batches)."""
