@@ -23,8 +23,10 @@ flight can leave it unanswered forever (seen: the sink hung in `send_offsets_to_
 15 min after `keyshift stack` restarted Kafka). So each of these calls is bounded
 (`TRANSACTION_CALL_TIMEOUT_S`); when one does not finish, the producer is dropped and a new one
 with the same `transactional.id` fences it and aborts its open transaction
-(`init_transactions`), and the batch's transaction is sent again, up to
-`TRANSACTION_ATTEMPTS` times. Nothing of the abandoned transaction becomes visible.
+(`init_transactions`, which also waits for a commit already under way), and the batch's
+transaction is sent again, up to `TRANSACTION_ATTEMPTS` times, unless the group offset shows that
+the timed-out commit went through after all. Nothing is sent twice and nothing of an abandoned
+transaction becomes visible.
 
 A consumer that reads with `isolation_level="read_uncommitted"` (kafka-python's default) also sees
 records of aborted transactions: read the side outputs with `read_committed`.
@@ -172,6 +174,11 @@ class TransactionalSideOutputs:
                 log.warning("run %s: batch %d's transaction (attempt %d of %d): %s; a new producer fences this one "
                             "and sends the batch again", self.run_id, batch_id, attempt, TRANSACTION_ATTEMPTS, exc)
                 self._replace_producer()
+                # a commit that timed out here may still have reached the broker: the new
+                # producer's init waited for it, so the group offset now says whether it did
+                if last_committed_batch(self._bootstrap_servers, self.run_id, self._client_options) >= batch_id:
+                    log.info("run %s: batch %d's transaction had committed after all; not sending it again", self.run_id, batch_id)
+                    break
         self.last_committed_batch = batch_id
         return True
 

@@ -48,18 +48,20 @@ class FakeProducer:
         self.closed = True
 
 
-def _sink(producers):
+def _sink(producers, monkeypatch, committed_in_kafka=-1):
+    monkeypatch.setattr(side_outputs, "last_committed_batch", lambda *args: committed_in_kafka)
     sink = TransactionalSideOutputs.__new__(TransactionalSideOutputs)
     sink.run_id, sink.last_committed_batch, sink.call_timeout_s = "r1", -1, 0.2
+    sink._bootstrap_servers, sink._client_options = "127.0.0.1:9", {}
     made = iter(producers)
     sink._new_producer = lambda: next(made)
     sink._producer = sink._new_producer()
     return sink
 
 
-def test_a_hung_offsets_call_is_abandoned_and_the_batch_sent_again_by_a_new_producer():
+def test_a_hung_offsets_call_is_abandoned_and_the_batch_sent_again_by_a_new_producer(monkeypatch):
     hung, fresh = FakeProducer(hang=True), FakeProducer(hang=False)
-    sink = _sink([hung, fresh])
+    sink = _sink([hung, fresh], monkeypatch)
     records = [("late", b"k", b"v1"), ("dead", None, b"v2")]
     assert sink.send_batch(3, iter(records)) is True
     assert hung.closed and hung.events == ["begin"]  # never committed: the new producer's fencing aborts it
@@ -70,19 +72,31 @@ def test_a_hung_offsets_call_is_abandoned_and_the_batch_sent_again_by_a_new_prod
 
 def test_the_batch_fails_after_the_last_attempt(monkeypatch):
     monkeypatch.setattr(side_outputs, "TRANSACTION_ATTEMPTS", 2)
-    sink = _sink([FakeProducer(hang=True), FakeProducer(hang=True)])
+    sink = _sink([FakeProducer(hang=True), FakeProducer(hang=True)], monkeypatch)
     with pytest.raises(KafkaTimeoutError):
         sink.send_batch(0, [("late", b"k", b"v")])
     assert sink.last_committed_batch == -1
 
 
-def test_a_refused_transaction_is_aborted_and_reported():
+def test_a_timed_out_commit_that_went_through_is_not_sent_again(monkeypatch):
+    class SlowCommit(FakeProducer):
+        def commit_transaction(self):
+            threading.Event().wait(30)
+
+    slow, fresh = SlowCommit(hang=False), FakeProducer(hang=False)
+    sink = _sink([slow, fresh], monkeypatch, committed_in_kafka=5)  # the broker had committed batch 5
+    assert sink.send_batch(5, [("late", b"k", b"v")]) is True
+    assert fresh.sent == [] and fresh.events == []
+    assert sink.last_committed_batch == 5
+
+
+def test_a_refused_transaction_is_aborted_and_reported(monkeypatch):
     class Refusing(FakeProducer):
         def commit_transaction(self):
             raise RuntimeError("refused")
 
     producer = Refusing(hang=False)
-    sink = _sink([producer])
+    sink = _sink([producer], monkeypatch)
     with pytest.raises(RuntimeError, match="refused"):
         sink.send_batch(0, [])
     assert producer.events[-1] == "abort" and sink.last_committed_batch == -1
