@@ -127,7 +127,8 @@ def run_plain_job(spark: SparkSession, bootstrap_servers: str, topic: str, out_d
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, show_default=True)
 def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -> None:
     """Run the plain job once and print its figures as one JSON line."""
-    from keyshift.processing.driver import PeakMemorySampler, driver_jvm_pid
+    from keyshift.processing.driver import driver_jvm_pid
+    from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
     from keyshift.processing.session import ROCKSDB_PROVIDER, build_spark_session
     from keyshift.settings import Settings
     from keyshift.stack.spark import connector_jars
@@ -144,7 +145,7 @@ def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -
     }
     spark = build_spark_session(f"plain-job-{out.name}", settings.spark_master, conf)
     spark.sparkContext.setLogLevel("ERROR")
-    sampler = PeakMemorySampler(driver_jvm_pid(spark))
+    sampler = ResourceSampler(driver_jvm_pid(spark))
     sampler.start()
     try:
         result = run_plain_job(spark, settings.bootstrap_servers, topic, out, max_offsets_per_trigger)
@@ -152,6 +153,8 @@ def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -
         sampler.stop()
     result["driver_peak_rss_bytes"] = sampler.peak_rss_bytes
     result["python_peak_rss_bytes"] = sampler.peak_children_rss_bytes
+    result["cpu_seconds"] = sampler.cpu_seconds().as_dict()
+    result["events_per_cpu_second"] = events_per_cpu_second(result["events"], sampler.cpu_seconds())
     spark.stop()
     sys.stdout.write(json.dumps(result) + "\n")
 

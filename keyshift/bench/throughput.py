@@ -14,8 +14,12 @@ query sustains once started); `first_batch_seconds` = batch 0's duration; `drive
 (the driver JVM) and `python_peak_rss_bytes` (its Python workers, 0 for the plain job, which
 runs none). keyshift's runs also report `windows_equal_reference` (its windows table against
 pandas on the same flights, `keyshift.quality.reference`) and `reconciled` (events in = Σ window
-counts + late + dead letters). `ratio_whole` and `ratio_steady`: keyshift's median over the plain
-job's median at the first configuration (the issue's P = 8 comparison); `ratio_by_config` for
+counts + late + dead letters). `cpu_seconds` (user + system seconds of the
+run's driver JVM, Python workers and driver Python process, from the query's start to its end;
+`keyshift.processing.resources`) and `events_per_cpu_second` = events / total CPU seconds, the
+figure that stays comparable when other processes share the machine. `ratio_whole` and
+`ratio_steady`: keyshift's median over the plain job's median at the first configuration (the
+issue's P = 8 comparison); `ratio_cpu` the same for events per CPU second; `ratio_by_config` for
 every configuration; `p32_over_p8`: keyshift's whole-run rate at P = 32 over P = 8.
 """
 
@@ -133,6 +137,8 @@ def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, fl
         "steady_events_per_second": round(sum(int(r["input_rows"]) for r in steady) / steady_ms * 1000, 1) if steady_ms else None,
         "driver_peak_rss_bytes": summary.get("driver_peak_rss_bytes"),
         "python_peak_rss_bytes": summary.get("python_workers_peak_rss_bytes"),
+        "cpu_seconds": summary.get("cpu_seconds"),
+        "events_per_cpu_second": summary.get("events_per_cpu_second"),
         "late_events": summary["late_events"],
         "dead_letters": summary["dead_letters"],
         "reconciled": bool(summary["reconciled"]),
@@ -148,6 +154,7 @@ def _row(job: str, config: Config, run: int, result: Mapping[str, Any]) -> dict[
            "events_per_second": round(events / seconds, 1) if seconds else None,
            "steady_events_per_second": result["steady_events_per_second"], "first_batch_seconds": result["first_batch_seconds"],
            "driver_peak_rss_bytes": result["driver_peak_rss_bytes"], "python_peak_rss_bytes": result["python_peak_rss_bytes"] or 0,
+           "cpu_seconds": result.get("cpu_seconds"), "events_per_cpu_second": result.get("events_per_cpu_second"),
            "progress": result["progress"]}
     for key in ("late_events", "dead_letters", "reconciled", "windows_equal_reference", "run_dir"):
         if key in result:
@@ -156,7 +163,7 @@ def _row(job: str, config: Config, run: int, result: Mapping[str, Any]) -> dict[
 
 
 def _median(rows: Sequence[Mapping[str, Any]], job: str, config: Config, field: str) -> float | None:
-    values = [r[field] for r in rows if r["job"] == job and r["partitions"] == config.partitions and r[field] is not None
+    values = [r[field] for r in rows if r["job"] == job and r["partitions"] == config.partitions and r.get(field) is not None
               and (job == "plain" or r["strategy"] == config.strategy)]
     return statistics.median(values) if values else None
 
@@ -166,17 +173,19 @@ def summarize(rows: Sequence[Mapping[str, Any]], configs: Sequence[Config]) -> d
     by_config = []
     for config in configs:
         entry = {"partitions": config.partitions, "strategy": config.strategy}
-        for field in ("events_per_second", "steady_events_per_second", "first_batch_seconds"):
+        for field in ("events_per_second", "steady_events_per_second", "first_batch_seconds", "events_per_cpu_second"):
             entry[f"keyshift_{field}"] = _median(rows, "keyshift", config, field)
             entry[f"plain_{field}"] = _median(rows, "plain", config, field)
         entry["ratio_whole"] = _ratio(entry["keyshift_events_per_second"], entry["plain_events_per_second"])
         entry["ratio_steady"] = _ratio(entry["keyshift_steady_events_per_second"], entry["plain_steady_events_per_second"])
+        entry["ratio_cpu"] = _ratio(entry["keyshift_events_per_cpu_second"], entry["plain_events_per_cpu_second"])
         by_config.append(entry)
     first = by_config[0]
     keyshift_rows = [r for r in rows if r["job"] == "keyshift"]
     report = {
         "ratio_whole": first["ratio_whole"],
         "ratio_steady": first["ratio_steady"],
+        "ratio_cpu": first["ratio_cpu"],
         "ratio_by_config": by_config,
         "p32_over_p8": None,
         "all_windows_equal_reference": all(r.get("windows_equal_reference") for r in keyshift_rows),

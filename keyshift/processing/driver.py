@@ -21,7 +21,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import requests
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
@@ -38,6 +37,7 @@ from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJob
 from keyshift.processing.processor import PENDING_STATE_NAME, state_variables, unpack_pending
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
+from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
@@ -110,42 +110,6 @@ class TaskTimeRecorder(threading.Thread):
         """Stop refreshing (after one last refresh)."""
         self._stop_event.set()
         self.refresh()
-
-
-class PeakMemorySampler(threading.Thread):
-    """Samples the resident memory of a process and of its children (bytes) until stopped.
-
-    Args:
-        pid: the process to watch (the Spark driver JVM); its children are the Python workers.
-        interval_s: seconds between samples.
-    """
-
-    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
-        super().__init__(daemon=True, name="peak-memory")
-        self._process = psutil.Process(pid)
-        self._interval_s = interval_s
-        self._stop_event = threading.Event()
-        self.peak_rss_bytes = 0
-        self.peak_children_rss_bytes = 0
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            try:
-                self.peak_rss_bytes = max(self.peak_rss_bytes, self._process.memory_info().rss)
-                children = 0
-                for child in self._process.children(recursive=True):
-                    try:
-                        children += child.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak_children_rss_bytes = max(self.peak_children_rss_bytes, children)
-            except psutil.Error:
-                return
-            self._stop_event.wait(self._interval_s)
-
-    def stop(self) -> None:
-        """Stop sampling (the peaks stay readable)."""
-        self._stop_event.set()
 
 
 def driver_jvm_pid(spark: SparkSession) -> int:
@@ -543,7 +507,7 @@ def run_flight_delays(
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
-        sampler = PeakMemorySampler(driver_jvm_pid(spark))
+        sampler = ResourceSampler(driver_jvm_pid(spark))
         sampler.start()
         task_times = TaskTimeRecorder(spark, run_dir)
         task_times.start()
@@ -927,7 +891,7 @@ def build_summary(
     sink: KeyedWindowSink,
     watch: dict[str, Any],
     wall_seconds: float,
-    sampler: PeakMemorySampler,
+    sampler: ResourceSampler,
     pending: int = 0,
 ) -> dict[str, Any]:
     """The run's summary: counts (events), balance, speed (events/s) and memory (bytes).
@@ -970,6 +934,8 @@ def build_summary(
         "events_per_second": round(events_read / wall_seconds, 1) if wall_seconds > 0 else None,
         "driver_peak_rss_bytes": sampler.peak_rss_bytes,
         "python_workers_peak_rss_bytes": sampler.peak_children_rss_bytes,
+        "cpu_seconds": sampler.cpu_seconds().as_dict(),
+        "events_per_cpu_second": events_per_cpu_second(events_read, sampler.cpu_seconds()),
         "windows_path": str(sink.windows_dir),
         "end_offsets": {str(p): o for p, o in sorted((config.end_offsets or {}).items())} or None,
         "job": config.job,

@@ -35,5 +35,9 @@ def test_ratios_are_medians_over_medians_and_goals_follow_the_figures():
     assert goals["keyshift's first batch <= 10 s (slowest run)"] == {"goal": "keyshift's first batch <= 10 s (slowest run)",
                                                                        "target": 10.0, "measured": 12.0, "met": False}
     assert goals["P=32 throughput >= 0.8 x P=8"]["met"] is True
+    assert report["ratio_cpu"] is None  # rows without CPU figures (older reports) give no CPU ratio
+    for row, per_cpu in zip(rows[:6], (50, 60, 40, 45, 30, 55)):
+        row["events_per_cpu_second"] = per_cpu
+    assert summarize(rows, (Config(8, "hash"),))["ratio_cpu"] == pytest.approx(45 / 50, abs=1e-3)
     rows[3]["reconciled"] = False
     assert summarize(rows, (Config(8, "hash"),))["all_reconciled"] is False

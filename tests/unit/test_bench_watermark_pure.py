@@ -50,3 +50,16 @@ def test_the_throughput_goal_compares_the_medians_level_by_level():
     assert goal["met"] is False
     rows[3] = add_backfill(_paced("global", 0.5, 5, 4.0), [_run("g", 100.0)])
     assert next(t for t in evaluate_targets(rows) if t["target"].startswith("key events per second"))["met"] is True
+
+
+def test_events_per_cpu_second_is_the_median_of_the_runs_and_has_its_own_goal():
+    def run(run_id: str, eps: float, per_cpu: float) -> dict:
+        return {**_run(run_id, eps), "events_per_cpu_second": per_cpu}
+
+    key = add_backfill(_paced("key", 0.5, 0, 3.0), [run("k1", 90.0, 40.0), run("k2", 120.0, 44.0), run("k3", 100.0, 50.0)])
+    assert key["events_per_cpu_second"] == 44.0  # its own median, not the median-throughput run's figure
+    glob = add_backfill(_paced("global", 0.5, 5, 4.0), [run("g1", 130.0, 42.0)])
+    goal = next(t for t in evaluate_targets([key, glob]) if t["target"].startswith("key events per CPU second"))
+    assert goal["value"] == {"0.5": {"key": 44.0, "global": 42.0}} and goal["met"] is True
+    throughput = next(t for t in evaluate_targets([key, glob]) if t["target"].startswith("key events per second"))
+    assert throughput["met"] is False  # 100 < 130: the two measures can disagree, both are reported
