@@ -1,11 +1,13 @@
 """
-### keyshift pipeline: real flights → Kafka → Spark flight delay job → verified summary
+### keyshift pipeline: input → Kafka → a keyshift Spark job → verified summary → data quality
 
-Trigger it with the form's params (strategy, partitions P, `limit` events, `rate` events/s,
-watermark `bound_ms`). Every run: `provision_topics` (idempotent; for least_key, least_count and
-hot_split it also learns the assignment from the first 10 % of the run's flights and publishes it
-in Redis with a new epoch) → `replay` (real flights into
-the input topic; the job starts reading where this replay began) → `choose_mode`, then
+Trigger it with the form's params (`job`: `flight_delays` or `ysb`; strategy, partitions P, `limit`
+events, `rate` events/s, watermark `bound_ms`). Every run: `provision_topics` (the job's topics,
+idempotent; for the flights' least_key, least_count and hot_split it also learns the assignment
+from the first 10 % of the run's flights and publishes it in Redis with a new epoch) → `replay`
+(real flights, or the YSB generator's ad events, which learns a least_key / least_count
+assignment from its own first 10 %, into the job's input topic; the job starts reading where this
+replay began) → `choose_mode`, then
 
 * **bounded** (`limit` > 0): `spark_submit` (SparkSubmitOperator on connection `spark_default`;
   blocks until the job has drained the `limit` events, flushed its windows and exited);
@@ -17,10 +19,11 @@ the input topic; the job starts reading where this replay began) → `choose_mod
   Stop the job with `keyshift.orchestration.launch.stop_job` (or SIGTERM to its supervisor).
 
 Finally `verify_summary` checks `runs/<run_id>/summary.json`: events read = window counts + late
-events + dead letters = events produced (= `limit` when bounded), and writes
+events + dead letters + filtered events (YSB's non-views) = events produced (= `limit` when
+bounded), and writes
 `runs/<run_id>/pipeline.json`; then `data_quality` runs the Great Expectations checkpoints of
-`keyshift/quality/gx/` on the run (the windows table, the run's alert records, the run's
-reconciliation), builds the run's Data Docs in `runs/<run_id>/data_docs/index.html`, and fails
+`keyshift/quality/gx/` on the run (the job's suites: the windows table, the run's alert records
+for the flights, YSB's counts against the generator's record, the reconciliation), builds the run's Data Docs in `runs/<run_id>/data_docs/index.html`, and fails
 naming each failed expectation with a sample of its rows. The job's run id is the Airflow run id
 made path-safe (`job_run_id`). All logic lives in `keyshift.orchestration`; this file only wires tasks and does
 nothing at import.
@@ -49,14 +52,18 @@ RUN_ID = "{{ job_run_id(run_id) }}"
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,  # runs share the input topic
-    tags=["keyshift", "spark", "kafka", "flights"],
+    tags=["keyshift", "spark", "kafka", "flights", "ysb"],
     doc_md=__doc__,
     default_args={"owner": "keyshift", "retries": 0},
     user_defined_macros={"job_run_id": pipeline.job_run_id, "spark_env": pipeline.spark_env,
-                         "connector_jars": pipeline.connector_jars_option},
+                         "connector_jars": pipeline.connector_jars_option, "job_topic": pipeline.job_topic},
     params={
+        "job": Param("flight_delays", type="string", enum=list(pipeline.JOBS),
+                     description="The job: flight_delays (real flights, hourly delay windows per origin) or ysb "
+                                 "(the Yahoo Streaming Benchmark: generated ad events, views per campaign per 10 s)."),
         "strategy": Param("hash", type="string", enum=list(pipeline.STRATEGIES),
-                          description="Placement strategy: key → slot rule of producer and job."),
+                          description="Placement strategy: key → slot rule of producer and job "
+                                      "(ysb: hash, least_key or least_count)."),
         "partitions": Param(DEFAULT_PARTITIONS, type="integer", minimum=1, maximum=1024,
                             description="P: slots = Kafka partitions = Spark shuffle partitions."),
         "limit": Param(20000, type=["null", "integer"], minimum=0,
@@ -81,17 +88,19 @@ def keyshift_pipeline():
     def provision_topics(params=None) -> dict:
         from keyshift.settings import Settings
 
-        settings, partitions = Settings(), int(params["partitions"])
-        topics = pipeline.provision(settings, partitions)
-        assignment = pipeline.publish_assignment(settings, params["strategy"], partitions, params["limit"])
+        settings, partitions, job = Settings(), int(params["partitions"]), params.get("job")
+        pipeline.validate_strategy(params["strategy"], job)  # before anything is created
+        topics = pipeline.provision(settings, partitions, job=job)
+        assignment = pipeline.publish_assignment(settings, params["strategy"], partitions, params["limit"], job=job)
         return {"topics": topics, "assignment": assignment}
 
     @task
-    def replay(params=None) -> dict:
+    def replay(run_id=None, params=None) -> dict:
         from keyshift.settings import Settings
 
         p = params
-        return pipeline.replay(Settings(), p["limit"], p["rate"], p["strategy"], int(p["partitions"]))
+        return pipeline.replay(Settings(), p["limit"], p["rate"], p["strategy"], int(p["partitions"]),
+                               job=p.get("job"), run_id=pipeline.job_run_id(run_id))
 
     @task.branch
     def choose_mode(params=None) -> str:
@@ -106,7 +115,7 @@ def keyshift_pipeline():
         policy = RestartPolicy(int(params["max_restarts"]), float(params["restart_delay_s"]))
         job = launch_job(Settings(), pipeline.job_run_id(run_id), strategy=params["strategy"],
                          partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]),
-                         watermark=params.get("watermark") or "global", policy=policy)
+                         watermark=params.get("watermark") or "global", job=params.get("job"), policy=policy)
         return {"run_id": job.run_id, "pid": job.pid, "supervisor_pid": job.supervisor_pid,
                 "log_path": str(job.log_path), "adopted": job.adopted}
 
@@ -137,13 +146,14 @@ def keyshift_pipeline():
         name=f"keyshift-{RUN_ID}",
         application_args=pipeline.spark_submit_args(
             RUN_ID, "{{ params.strategy }}", "{{ params.partitions }}", "{{ params.bound_ms }}",
-            "{{ params.limit }}", watermark="{{ params.watermark }}",
+            "{{ params.limit }}", watermark="{{ params.watermark }}", job="{{ params.job }}",
+            topic="{{ job_topic(params.job) }}",
         ),
         env_vars={name: "{{ spark_env()['%s'] }}" % name
                   for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PATH")},
         execution_timeout=timedelta(hours=2),
     )
-    watch_job = JobProgressSensor(task_id="watch_job", run_id=RUN_ID)
+    watch_job = JobProgressSensor(task_id="watch_job", run_id=RUN_ID, topic="{{ job_topic(params.job) }}")
 
     replayed, launched = replay(), launch_job()
     provision_topics() >> replayed >> choose_mode() >> [spark_submit, launched]

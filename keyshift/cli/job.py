@@ -86,6 +86,7 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
     if options.get("resume"):
         if options.get("run_id") not in (None, options["resume"]):
             raise click.UsageError(f"--resume {options['resume']} continues that run; drop --run-id {options['run_id']}")
+        _check_resumed_job(options["resume"], options.get("job_name"))
         return run_flight_delays(Settings(), FlightDelayJobConfig(run_id=options["resume"]), resume=True, driver_log=driver_log,
                                  progress=progress)
     from keyshift.jobs import job_spec
@@ -113,6 +114,27 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         key_idle_timeout_s=options["key_idle_timeout"],
     )
     return run_flight_delays(Settings(), config, starting=options["starting"], driver_log=driver_log, progress=progress)
+
+
+def _check_resumed_job(run_id: str, job_name: str | None) -> None:
+    """Refuse `--resume RUN_ID` with a job name other than the one the run was started with (its
+    `runs/<run_id>/job.json`); no name, or a run without a record (the driver says so), passes.
+
+    Raises:
+        click.UsageError: naming both jobs.
+    """
+    import json
+
+    from keyshift.settings import Settings
+
+    if not job_name:
+        return
+    path = Settings().runs_dir / run_id / "job.json"
+    if not path.is_file():
+        return
+    started = json.loads(path.read_text())["config"].get("job", "flight_delays")
+    if started != job_name:
+        raise click.UsageError(f"run {run_id} runs job {started}, not {job_name}; resume it with `keyshift job run --resume {run_id}`")
 
 
 @click.group(name="job")

@@ -231,12 +231,13 @@ def add_partitions(settings: Settings, topic: str, partitions: int) -> int:
 
 
 def relaunch_driver(settings: Settings, run_id: str) -> subprocess.Popen:
-    """Start the run's driver again from its checkpoint (`keyshift job run flight_delays --resume`),
-    detached, logging to `runs/<run_id>/driver-resume-<time>.log`; it finishes or redoes the
-    switch under way before it goes on."""
+    """Start the run's driver again from its checkpoint (`keyshift job run --resume RUN_ID`: the
+    job, flight_delays or ysb, and its options come from `runs/<run_id>/job.json`), detached,
+    logging to `runs/<run_id>/driver-resume-<time>.log`; it finishes or redoes the switch under
+    way before it goes on."""
     log_path = settings.runs_dir / run_id / f"driver-resume-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}.log"
     env = {k: v for k, v in os.environ.items() if k != "KEYSHIFT_FAILPOINT"}
-    command = [str(Path(sys.executable).with_name("keyshift")), "job", "run", "flight_delays", "--resume", run_id]
+    command = [str(Path(sys.executable).with_name("keyshift")), "job", "run", "--resume", run_id]
     with log_path.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     log.info("run %s: driver restarted with --resume (pid %d), log %s", run_id, process.pid, log_path)
@@ -258,7 +259,7 @@ def request_switch(
 
     Args:
         settings: the stack.
-        run_id: a running (or crashed, resumable) run of the flight delay job.
+        run_id: a running (or crashed, resumable) run of a tumbling-window job (flight_delays, ysb).
         strategy: the strategy to move to (one the job places with); None only to finish a
             switch left unfinished.
         partitions: P2; None keeps P.
@@ -286,7 +287,7 @@ def request_switch(
         raise ConfigurationError(f"partitions must be >= 1, got {partitions}")
     run_dir = settings.runs_dir / run_id
     if not (run_dir / "job.json").exists():
-        raise ConfigurationError(f"run {run_id!r} has no job record in {run_dir}; is it a started run of the flight delay job?")
+        raise ConfigurationError(f"run {run_id!r} has no job record in {run_dir}; is it a started run of a keyshift job?")
     job = json.loads((run_dir / "job.json").read_text())["config"].get("job", "flight_delays")
     if job_spec(job).key_windows:
         raise ConfigurationError(f"run {run_id!r} runs job {job}, which computes key windows: switching a key-window job is not "

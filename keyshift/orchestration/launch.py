@@ -19,7 +19,7 @@ record is the Redis hash `names.redis_run_key(run_id)`:
 
 | field | written by | meaning |
 | --- | --- | --- |
-| run_id, strategy, partitions, bound_ms, limit, topic | launcher | what was asked |
+| run_id, job, strategy, partitions, bound_ms, limit, topic | launcher | what was asked |
 | max_restarts, restart_delay_s | launcher | the restart policy (restarts; seconds) |
 | supervisor_pid, supervisor_pid_create_time, supervisor_log_path | launcher | the supervisor |
 | pid, pid_create_time, host | supervisor, per attempt (the job overwrites `pid` with its Python driver's) | the driver process and its host |
@@ -196,6 +196,7 @@ def launch_job(
     topic: str | None = None,
     max_offsets_per_trigger: int | None = None,
     watermark: str | None = None,
+    job: str | None = None,
     policy: RestartPolicy = RestartPolicy(),
     application: Path = pipeline.APPLICATION,
     startup_check_s: float = 3.0,
@@ -209,8 +210,9 @@ def launch_job(
         settings: Redis, runs folder and `spark_master`; handed to the supervisor and the driver
             as `KEYSHIFT_*` variables (`settings_env`).
         run_id: keyshift run id (`pipeline.job_run_id`).
-        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger, watermark: the
-            job's arguments (`pipeline.spark_submit_args`; None: the job's default).
+        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger, watermark, job: the
+            job's arguments (`pipeline.spark_submit_args`; None: the job's default; `job` one of
+            `pipeline.JOBS`, default flight_delays, and `topic` None means that job's input topic).
         policy: the restart policy (`max_restarts` restarts, `restart_delay_s` seconds apart).
         application: the Spark application file (it must accept `--run-id …` and `--resume RUN_ID`).
         startup_check_s: seconds to watch the first attempt; a driver dead by then (or a
@@ -229,7 +231,9 @@ def launch_job(
     """
     import redis
 
-    pipeline.validate_strategy(strategy)
+    job = pipeline.validate_job(job)
+    pipeline.validate_strategy(strategy, job)
+    topic = topic or pipeline.job_topic(job)
     key = names.redis_run_key(run_id)
     home = pipeline.run_dir(settings, run_id)
     client = _redis(settings)
@@ -263,7 +267,8 @@ def launch_job(
             str(application),
         )
         argv = (*base, *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit, topic=topic,
-                                                   max_offsets_per_trigger=max_offsets_per_trigger, watermark=watermark))
+                                                   max_offsets_per_trigger=max_offsets_per_trigger, watermark=watermark,
+                                                   job=job))
         spec = SupervisorSpec(run_id=run_id, argv=argv, resume_argv=(*base, *pipeline.resume_args(run_id)),
                               policy=policy, cwd=str(PROJECT_ROOT))
         spec.write(spec_path(home))
@@ -271,7 +276,7 @@ def launch_job(
         log_path = pipeline.driver_log_path(settings, run_id)
         client.delete(key)
         client.hset(key, mapping={
-            "run_id": run_id, "state": "starting", "log_path": str(log_path),
+            "run_id": run_id, "state": "starting", "log_path": str(log_path), "job": job,
             "strategy": strategy, "partitions": str(partitions), "bound_ms": str(bound_ms),
             "watermark": watermark or "global", "limit": "" if limit is None else str(limit), "topic": topic or "",
             "started_at": _utcnow_iso(), "host": socket.gethostname(),

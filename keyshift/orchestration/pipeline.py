@@ -21,17 +21,41 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from keyshift import names
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
 
 STRATEGIES: tuple[str, ...] = ("hash", "least_key", "least_count", "hot_split")
-"""Strategies the pipeline offers in its trigger form: those the flight delay job accepts over
-the flights' origin keys (`modulo` needs integer keys). The learned ones (least_key, least_count,
-hot_split) are learned from the first 10 % of the run's flights and published in Redis under the
-input topic by `publish_assignment`, before the replay and the job read them."""
+"""Strategies the pipeline offers in its trigger form (the union over `JOB_STRATEGIES`): those
+the flight delay job accepts over the flights' origin keys (`modulo` needs integer keys). The
+learned ones (least_key, least_count, hot_split) are learned from the first 10 % of the run's
+events and published in Redis under the input topic (for the flights by `publish_assignment`,
+for YSB by the generator itself), before the replay and the job read them."""
+
+JOBS: tuple[str, ...] = ("flight_delays", "ysb")
+"""The registered jobs (`keyshift.jobs`) the pipeline runs: each has a data source the replay
+task can produce (the flights, the YSB generator) and a tumbling-window spec. The pipeline's
+`job` param offers these; `flight_delays` is the default."""
+
+JOB_STRATEGIES: dict[str, tuple[str, ...]] = {
+    "flight_delays": STRATEGIES,
+    "ysb": ("hash", "least_key", "least_count"),
+}
+"""Strategies the pipeline runs each job with. YSB: the generator places campaigns by hash or
+learns least_key / least_count from its own first 10 % of events and publishes it under the
+topic (`keyshift.data.ysb.generate_ysb`); `round_robin` scatters a campaign over every slot,
+which the job cannot place, and `hot_split` of a job whose key is looked up (YSB's campaign,
+from the ad) is not tested yet, so neither is offered."""
+
+YSB_BACKFILL_EVENT_RATE = 100.0
+"""YSB with no `rate` param (as fast as possible): the events' times are spaced 1000 / 100 ms
+apart (100 events per second of event time, the integration tests' spacing), ending now, and
+sent without pacing (a backfill)."""
+
+YSB_CONTINUOUS_EVENTS = 1_000_000
+"""YSB in a continuous run (no `limit`): the generator produces this many events before the job
+starts (the flights replay sends the whole data set, 3,000,000), and the job runs until stopped."""
 
 APPLICATION: Path = PROJECT_ROOT / "spark_jobs" / "flight_delays.py"
 """The Spark application the pipeline submits (it sets its own `spark.jars`)."""
@@ -77,15 +101,52 @@ def is_bounded(limit: int | None) -> bool:
     return True
 
 
-def validate_strategy(strategy: str) -> str:
-    """Return `strategy` if the pipeline offers it.
+def validate_job(job: str | None) -> str:
+    """Return the job's name (`flight_delays` for None or empty) if the pipeline runs it.
 
     Raises:
-        ConfigurationError: naming the strategy and the ones offered (`STRATEGIES`).
+        ConfigurationError: naming the job and the ones the pipeline runs (`JOBS`).
     """
-    if strategy not in STRATEGIES:
-        raise ConfigurationError(f"strategy {strategy!r} is not offered by the pipeline; choose one of {list(STRATEGIES)}")
+    job = job or "flight_delays"
+    if job not in JOBS:
+        raise ConfigurationError(f"job {job!r} is not run by the pipeline; choose one of {list(JOBS)}")
+    return job
+
+
+def validate_strategy(strategy: str, job: str | None = None) -> str:
+    """Return `strategy` if the pipeline runs `job` (default flight_delays) with it.
+
+    Raises:
+        ConfigurationError: an unknown job, or a strategy the pipeline does not run the job with;
+            the message names the job's choices (`JOB_STRATEGIES`).
+    """
+    job = validate_job(job)
+    offered = JOB_STRATEGIES[job]
+    if strategy not in offered:
+        raise ConfigurationError(f"strategy {strategy!r} is not offered by the pipeline for job {job}; choose one of {list(offered)}")
     return strategy
+
+
+def job_topics(job: str | None = None) -> tuple[str, ...]:
+    """The Kafka topics a run of `job` needs, input first: input, dead letters, late events and,
+    where the job sends any, alerts (`JobSpec.topics`).
+
+    Raises:
+        ConfigurationError: a job the pipeline does not run.
+    """
+    from keyshift.jobs import job_spec
+
+    topics = job_spec(validate_job(job)).topics
+    return tuple(t for t in (topics.input, topics.dead_letter, topics.late, topics.alerts) if t)
+
+
+def job_topic(job: str | None = None) -> str:
+    """The input topic of `job` (default flight_delays): `flights` or `ysb-ad-events`.
+
+    Raises:
+        ConfigurationError: a job the pipeline does not run.
+    """
+    return job_topics(job)[0]
 
 
 def run_dir(settings: Settings, run_id: str) -> Path:
@@ -110,13 +171,15 @@ def driver_log_path(settings: Settings, run_id: str) -> Path:
     return log_file(run_dir(settings, run_id), DRIVER_NAME)
 
 
-def provision(settings: Settings, partitions: int, topics: tuple[str, ...] = names.FLIGHT_TOPICS) -> dict[str, int]:
+def provision(settings: Settings, partitions: int, topics: tuple[str, ...] | None = None, job: str | None = None) -> dict[str, int]:
     """Create the pipeline's topics if missing (idempotent) and check their partition counts.
 
     Args:
         settings: where the broker is.
         partitions: P, the slots of the run; every topic gets P partitions.
-        topics: topic names (default: the flight delay job's input, dead-letter, late and alerts).
+        topics: topic names, input first; None: the job's (`job_topics`: the flight delay job's
+            input, dead-letter, late and alerts topics; YSB's input, dead-letter and late).
+        job: the job (default flight_delays), used when `topics` is None.
 
     Returns:
         `{topic: partition count}` as read back from the broker.
@@ -130,6 +193,7 @@ def provision(settings: Settings, partitions: int, topics: tuple[str, ...] = nam
 
     if partitions < 1:
         raise ConfigurationError(f"partitions must be >= 1; got {partitions}")
+    topics = tuple(topics) if topics else job_topics(job)
     create_topics(settings, list(topics), partitions=partitions, replication=1, recreate=False)
     counts = {topic: len(end_offsets(settings, topic)) for topic in topics}
     log.info("Topics on %s: %s", settings.bootstrap_servers, counts)
@@ -143,27 +207,40 @@ def provision(settings: Settings, partitions: int, topics: tuple[str, ...] = nam
 
 
 def publish_assignment(
-    settings: Settings, strategy: str, partitions: int, limit: int | None, topic: str = names.FLIGHTS_TOPIC
+    settings: Settings, strategy: str, partitions: int, limit: int | None, topic: str | None = None, job: str | None = None
 ) -> dict[str, Any] | None:
     """Learn and publish a learned strategy's assignment for the run; nothing for a rule strategy.
 
-    For least_key, least_count and hot_split: `keyshift.placement.learning.learn_and_publish`
+    Flights, for least_key, least_count and hot_split: `keyshift.placement.learning.learn_and_publish`
     over the first 10 % of the `limit` flights (all 3,000,000 when `limit` is None/0), published
-    under `topic` with a new epoch, so the replay and the job place every key alike.
+    under `topic` with a new epoch, so the replay and the job place every key alike. YSB: nothing
+    here; its keys (campaign ids) are made by the generator from its seed, so the generator learns
+    the assignment from its own first 10 % of events and publishes it before it produces (the
+    `replay` task; `keyshift.data.ysb.generate_ysb`).
+
+    Args:
+        settings: where Redis is. strategy: the run's strategy. partitions: P.
+        limit: the run's events (None/0: continuous). topic: the input topic (None: the job's).
+        job: the job (default flight_delays).
 
     Returns:
-        None for hash; else `{"strategy", "epoch", "keys", "events", "split"}` (split: key ->
-        list of slots), JSON-safe for XCom.
+        None for a rule strategy and for YSB; else `{"strategy", "epoch", "keys", "events",
+        "split"}` (split: key -> list of slots), JSON-safe for XCom.
 
     Raises:
-        ConfigurationError: a strategy the pipeline does not offer. StackError: Redis is down.
-        DataError: the flights are not fetched.
+        ConfigurationError: a job or strategy the pipeline does not offer. StackError: Redis is
+            down. DataError: the flights are not fetched.
     """
     from keyshift.placement.learning import learn_and_publish
     from keyshift.processing.flight_delays import LEARNED_STRATEGIES
 
-    validate_strategy(strategy)
+    job = validate_job(job)
+    validate_strategy(strategy, job)
+    topic = topic or job_topic(job)
     if strategy not in LEARNED_STRATEGIES:
+        return None
+    if job == "ysb":
+        log.info("%s for %r is learned and published by the YSB generator (the replay task) from its own events", strategy, topic)
         return None
     learned = learn_and_publish(settings, topic, strategy, partitions, limit if is_bounded(limit) else None)
     log.info(
@@ -183,29 +260,44 @@ def replay(
     rate: float | None,
     strategy: str,
     partitions: int,
-    topic: str = names.FLIGHTS_TOPIC,
+    topic: str | None = None,
+    *,
+    job: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
-    """Replay real flights into the input topic and return the replay's result as a dict.
+    """Produce the run's input into its topic: real flights, or the YSB generator's ad events.
 
     Args:
         settings: where the broker and Redis are.
-        limit: events to produce; `None`/`0` replays the whole data set.
-        rate: events per second; `None` is as fast as the producer goes.
+        limit: events to produce; `None`/`0`: the flights' whole data set, or
+            `YSB_CONTINUOUS_EVENTS` YSB events.
+        rate: events per second; `None` is as fast as the producer goes. For YSB it is also the
+            spacing of event times (1000 / rate ms; the sends are paced in real time); without it
+            a backfill at `YSB_BACKFILL_EVENT_RATE` events per second of event time, ending now.
         strategy: the placement strategy of the producer's partitioner.
         partitions: P, the input topic's partition count.
-        topic: the input topic.
+        topic: the input topic (None: the job's, `job_topic`).
+        job: the job (default flight_delays).
+        run_id: the job's run id; YSB writes its record (`expected_views.parquet`, `ysb.json`)
+            to `runs/ysb-<run_id>/`, where the data quality task finds it through the job's
+            replay record. Required for YSB.
 
     Returns:
-        `dataclasses.asdict(ReplayResult)` (JSON-safe, for XCom): at least `events_produced`.
+        `dataclasses.asdict(ReplayResult)` (JSON-safe, for XCom): at least `events_produced`;
+        for YSB also `record_dir`, `views`, `windows` and `events_by_type`.
 
     Raises:
-        ConfigurationError: bad strategy or limit. Whatever `replay_flights` raises
-            (`DataError`, `StackError`) passes through.
+        ConfigurationError: bad job, strategy or limit, or YSB without a run id. Whatever
+            `replay_flights` / `generate_ysb` raise (`DataError`, `StackError`) passes through.
     """
+    job = validate_job(job)
+    validate_strategy(strategy, job)
+    topic = topic or job_topic(job)
+    bounded = is_bounded(limit)
+    if job == "ysb":
+        return _replay_ysb(settings, limit if bounded else YSB_CONTINUOUS_EVENTS, rate, strategy, partitions, topic, run_id)
     from keyshift.data.replay import replay_flights
 
-    validate_strategy(strategy)
-    bounded = is_bounded(limit)
     log.info(
         "Replaying %s flights into %r at %s events/s with strategy %s over %d partitions",
         limit if bounded else "all", topic, rate or "unbounded", strategy, partitions,
@@ -214,9 +306,55 @@ def replay(
         settings, topic, limit=limit if bounded else None, rate=rate,
         strategy=strategy, partitions=partitions, progress=False,
     )
-    record = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(vars(result))
-    record = json.loads(json.dumps(record, default=str))
+    record = _json_safe(result)
     log.info("Replay done: %s events produced into %r", record.get("events_produced"), topic)
+    return record
+
+
+def _json_safe(result: Any) -> dict[str, Any]:
+    record = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(vars(result))
+    return json.loads(json.dumps(record, default=str))
+
+
+def ysb_generation(events: int, rate: float | None, now_ms: int) -> dict[str, Any]:
+    """How the YSB generator makes exactly `events` events: `{"rate", "duration", "start_ms"}`.
+
+    With a `rate` the events are paced in real time from now (`start_ms` None); without one they
+    are a backfill spaced at `YSB_BACKFILL_EVENT_RATE` events per second of event time whose last
+    event is at most `now_ms`. The duration is (events + 0.5) / rate seconds, so that the
+    generator's floor(rate x duration) is `events` despite float rounding.
+
+    Raises:
+        ConfigurationError: `events` < 1 or `rate` <= 0.
+    """
+    if events < 1:
+        raise ConfigurationError(f"a YSB run needs at least one event; got limit {events}")
+    if rate is not None and rate <= 0:
+        raise ConfigurationError(f"rate must be > 0 events/s; got {rate}")
+    spacing = float(rate) if rate else YSB_BACKFILL_EVENT_RATE
+    duration = (events + 0.5) / spacing
+    start_ms = None if rate else max(0, now_ms - int(events * 1000 / spacing))
+    return {"rate": spacing, "duration": duration, "start_ms": start_ms}
+
+
+def _replay_ysb(settings: Settings, events: int, rate: float | None, strategy: str, partitions: int, topic: str,
+                run_id: str | None) -> dict[str, Any]:
+    """Generate the YSB events of a pipeline run (see `replay`)."""
+    import time
+
+    from keyshift.data.ysb import generate_ysb
+
+    if not run_id:
+        raise ConfigurationError("a YSB replay needs the run id (its record goes to runs/ysb-<run_id>/)")
+    plan = ysb_generation(events, rate, int(time.time() * 1000))
+    log.info("Generating %d YSB events into %r (%s) with strategy %s over %d partitions", events, topic,
+             f"paced at {rate} events/s" if rate else f"backfill at {plan['rate']:g} events/s of event time", strategy, partitions)
+    result = generate_ysb(settings, topic, rate=plan["rate"], duration=plan["duration"], start_ms=plan["start_ms"],
+                          strategy=strategy, partitions=partitions, run_id=run_id, progress=False)
+    record = _json_safe(result.replay)
+    record.update(record_dir=str(result.run_dir), views=result.views, windows=result.windows, events_by_type=result.events_by_type)
+    log.info("YSB generation done: %s events (%d views in %d windows) into %r; record in %s", record["events_produced"],
+             result.views, result.windows, topic, result.run_dir)
     return record
 
 
@@ -230,8 +368,9 @@ def spark_submit_args(
     topic: str | None = None,
     max_offsets_per_trigger: int | None = None,
     watermark: str | None = None,
+    job: str | None = None,
 ) -> list[str]:
-    """The flight delay job's own arguments (after the application path).
+    """The job's own arguments (after the application path, `spark_jobs/flight_delays.py`).
 
     Values may be Jinja templates (`"{{ params.partitions }}"`): the DAG passes templates and
     Airflow renders them when the task runs; the detached launch passes plain values.
@@ -240,17 +379,21 @@ def spark_submit_args(
         run_id: the keyshift run id (`job_run_id`).
         strategy: placement strategy name. partitions: P. bound_ms: watermark bound in ms.
         limit: events to process then exit; `None` (or 0) runs until stopped.
-        topic: the input topic; None: the job's default (`names.FLIGHTS_TOPIC`).
+        topic: the input topic; None: the job's default (`job_topic`).
         max_offsets_per_trigger: records per micro-batch at most; None: the job's default.
         watermark: the watermark mode (`keyshift.eventtime.watermarks.WATERMARK_MODES`); None
             or empty: the job's default (`global`).
+        job: the registered job (`--job`, e.g. `ysb`); None or empty: the application's default
+            (flight_delays).
 
     Returns:
-        `["--run-id", run_id, "--strategy", s, "--partitions", P, "--bound-ms", b, ("--limit", N),
-        ("--topic", t), ("--max-offsets-per-trigger", n), ("--watermark", mode)]`.
+        `["--run-id", run_id, ("--job", job), "--strategy", s, "--partitions", P, "--bound-ms", b,
+        ("--limit", N), ("--topic", t), ("--max-offsets-per-trigger", n), ("--watermark", mode)]`.
     """
-    args = [
-        "--run-id", str(run_id),
+    args = ["--run-id", str(run_id)]
+    if job:
+        args += ["--job", str(job)]
+    args += [
         "--strategy", str(strategy),
         "--partitions", str(partitions),
         "--bound-ms", str(bound_ms),
@@ -356,9 +499,11 @@ def summary_problems(
     """Everything wrong with a job summary; an empty list means it reconciles.
 
     The rules: every event read is accounted for exactly once,
-    `events_read == sum_window_counts + late_events + dead_letters + pending_events` (a late
-    event and a dead letter are counted, never dropped: DESIGN.md vocabulary; pending events sit
-    in windows still open in the state of a stopped continuous run, none after a complete run); a complete run read what was
+    `events_read == sum_window_counts + late_events + dead_letters + filtered_events +
+    pending_events` (a late event and a dead letter are counted, never dropped: DESIGN.md
+    vocabulary; filtered events are valid records a job's `keep` rule leaves out, YSB's clicks and
+    purchases, 0 or absent for the flights; pending events sit in windows still open in the state
+    of a stopped continuous run, none after a complete run); a complete run read what was
     produced, `events_read == events_produced`; for a bounded run both equal the `limit`; and the
     replay task's own count agrees.
 
@@ -377,11 +522,13 @@ def summary_problems(
         return [f"summary lacks integer field(s) {missing}"]
     read = summary["events_read"]
     pending = int(summary.get("pending_events") or 0)
-    accounted = summary["sum_window_counts"] + summary["late_events"] + summary["dead_letters"] + pending
+    filtered = int(summary.get("filtered_events") or 0)
+    accounted = summary["sum_window_counts"] + summary["late_events"] + summary["dead_letters"] + filtered + pending
     if read != accounted:
         problems.append(
             f"events_read {read} != sum_window_counts {summary['sum_window_counts']} + late_events "
-            f"{summary['late_events']} + dead_letters {summary['dead_letters']} + pending_events {pending} (= {accounted})"
+            f"{summary['late_events']} + dead_letters {summary['dead_letters']} + filtered_events {filtered}"
+            f" + pending_events {pending} (= {accounted})"
         )
     if complete and pending:
         problems.append(f"{pending} events still in open windows after a complete run")
@@ -418,10 +565,11 @@ def verify_summary(
     if problems:
         raise JobError(f"summary {summary_path(settings, run_id)} does not reconcile: " + "; ".join(problems))
     log.info(
-        "Run %s reconciles: %d events read = %d in windows + %d late + %d dead letters; "
+        "Run %s reconciles: %d events read = %d in windows + %d late + %d dead letters + %d filtered; "
         "balance degree %s; %s events/s",
         run_id, summary["events_read"], summary["sum_window_counts"], summary["late_events"],
-        summary["dead_letters"], summary.get("balance_degree"), summary.get("events_per_second"),
+        summary["dead_letters"], int(summary.get("filtered_events") or 0), summary.get("balance_degree"),
+        summary.get("events_per_second"),
     )
     return summary
 

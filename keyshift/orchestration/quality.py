@@ -2,7 +2,9 @@
 
 After `verify_summary`, on both the bounded and the continuous path, the pipeline runs the Great
 Expectations checkpoints of `keyshift/quality/gx/` on the run (`keyshift.quality.checkpoints.
-validate_run`: the windows table, the run's alert records, the run's reconciliation), builds the
+validate_run`, the suites of the run's job as its `job.json` names it: for the flights the
+windows table, the run's alert records and the reconciliation; for YSB the windows table against
+the generator's record and the reconciliation), builds the
 run's Data Docs in `runs/<run_id>/data_docs/`, and fails with one line per failed expectation.
 Nothing here runs at import.
 """

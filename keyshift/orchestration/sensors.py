@@ -26,7 +26,8 @@ class JobProgressSensor(BaseOperator):
 
     Args:
         run_id: keyshift run id (templated: `"{{ job_run_id(run_id) }}"` in the pipeline DAG).
-        topic: the job's input topic, for the consumer lag in the logs.
+        topic: the job's input topic, for the consumer lag in the logs (templated: the pipeline
+            DAG renders `"{{ job_topic(params.job) }}"`).
         poll_interval: seconds between the trigger's polls.
         start_grace_s: seconds the trigger waits for the run record to appear.
         max_wait: give up after this long (None: wait as long as the job runs).
@@ -39,7 +40,7 @@ class JobProgressSensor(BaseOperator):
     run: the reason then says how the last attempt died and the limit), or Redis was unreachable.
     """
 
-    template_fields: Sequence[str] = ("run_id",)
+    template_fields: Sequence[str] = ("run_id", "topic")
     ui_color = "#c9e4ff"
 
     def __init__(

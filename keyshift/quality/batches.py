@@ -1,9 +1,10 @@
 """The batches the suites validate: a run's windows table, alert records and summary as pandas
 DataFrames, with the derived columns each suite's expectations read (`keyshift.quality.suites`).
 
-Readers (`read_windows`, `read_summary`, `read_alerts`) take a run's files or the alerts topic;
-builders (`windows_batch`, `alerts_batch`, `reconciliation_batch`) are pure functions of frames
-and dicts, so a test can hand them a broken table, a wrong alert or an unreconciled summary.
+Readers (`read_windows`, `read_summary`, `read_alerts`, `read_job`, `read_expected_views`) take a
+run's files, the YSB generator's record or the alerts topic; builders (`windows_batch`,
+`ysb_windows_batch`, `alerts_batch`, `reconciliation_batch`) are pure functions of frames and
+dicts, so a test can hand them a broken table, a wrong alert or an unreconciled summary.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pandas as pd
 
 from keyshift.errors import QualityError
 from keyshift.jobs.flight_delays import WINDOW_COLUMNS, WINDOW_TABLE_SCHEMA, window_alerts
-from keyshift.quality.suites import ALERT_DERIVED_COLUMNS, ALERT_FIELDS, RECONCILIATION_COLUMNS
+from keyshift.quality.suites import ALERT_DERIVED_COLUMNS, ALERT_FIELDS, RECONCILIATION_COLUMNS, YSB_WINDOW_COLUMNS
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,21 +39,68 @@ def _epoch_ms(column: pd.Series) -> pd.Series:
 # ---------------------------------------------------------------- readers
 
 
-def read_windows(run_dir: Path) -> pd.DataFrame:
+def read_windows(run_dir: Path, job: str | None = None) -> pd.DataFrame:
     """The windows table of a run, `run_dir/windows/*.parquet`, in file order.
 
     Args:
         run_dir: `runs/<run_id>/`.
+        job: the run's job (None: flight_delays); names the columns of an empty table.
 
     Returns:
-        A DataFrame with exactly `WINDOW_COLUMNS` (UTC timestamps); no rows when the run wrote
-        no window (no folder or no file yet).
+        The table's rows (UTC timestamps); no rows, with the job's columns (`WINDOW_COLUMNS`, or
+        `YSB_WINDOW_COLUMNS` for ysb), when the run wrote no window (no folder or no file yet).
     """
     folder = Path(run_dir) / "windows"
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
+        if job == "ysb":
+            return pd.DataFrame({
+                "campaign_id": pd.Series(dtype="object"), "window_start": pd.Series(dtype="datetime64[us, UTC]"),
+                "window_end": pd.Series(dtype="datetime64[us, UTC]"), "count": pd.Series(dtype="int64"),
+                "slot": pd.Series(dtype="int32"), "epoch": pd.Series(dtype="int64"),
+            })[list(YSB_WINDOW_COLUMNS)]
         return WINDOW_TABLE_SCHEMA.empty_table().to_pandas()
     return pd.concat((pd.read_parquet(path) for path in files), ignore_index=True)
+
+
+def read_job(run_dir: Path) -> dict[str, Any]:
+    """The run's job record `run_dir/job.json` (config, start offsets, the replay record it read),
+    or `{}` for a run folder without one (a run from before job records; treated as flights)."""
+    path = Path(run_dir) / "job.json"
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise QualityError(f"{path} is not valid JSON: {exc}") from exc
+    return record if isinstance(record, dict) else {}
+
+
+def expected_views_path(job_record: Mapping[str, Any]) -> Path | None:
+    """Where the YSB generator's record of the run's input is: `expected_views.parquet` in the
+    folder the topic's replay record names (`record`, `runs/ysb-<id>/`), as the job read it at
+    start into `job.json`; None when the replay was not the YSB generator's."""
+    replay = job_record.get("replay") or {}
+    if replay.get("source") != "ysb" or not replay.get("record"):
+        return None
+    return Path(replay["record"]) / "expected_views.parquet"
+
+
+def read_expected_views(path: Path) -> pd.DataFrame:
+    """The YSB generator's `expected_views.parquet`: campaign_id, window_start_ms (epoch ms), views.
+
+    Raises:
+        QualityError: the file is missing or lacks those columns; the message names the path.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QualityError(f"the YSB generator's record {path} is missing: the windows cannot be compared with it"
+                           " (give it with `keyshift dq run --expected-views PATH`)")
+    frame = pd.read_parquet(path)
+    missing = {"campaign_id", "window_start_ms", "views"} - set(frame.columns)
+    if missing:
+        raise QualityError(f"{path} lacks the column(s) {sorted(missing)}: not a YSB generator's record")
+    return frame
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -207,6 +255,39 @@ def windows_batch(windows: pd.DataFrame, window_ms: int) -> pd.DataFrame:
     return frame
 
 
+def ysb_windows_batch(windows: pd.DataFrame, window_ms: int, expected: pd.DataFrame) -> pd.DataFrame:
+    """The YSB windows suite's batch: the table plus `window_ms`, `window_offset_ms` and
+    `expected_views`.
+
+    Args:
+        windows: a YSB windows table (`read_windows`), columns `YSB_WINDOW_COLUMNS`.
+        window_ms: the job's window size, ms of event time (> 0).
+        expected: the generator's record (`read_expected_views`): campaign_id, window_start_ms,
+            views, one row per (campaign, window) holding a view.
+
+    Returns:
+        A copy of `windows` with `window_ms` = window_end - window_start (ms), `window_offset_ms`
+        = window_start (epoch ms) mod `window_ms`, and `expected_views` = the record's views for
+        the row's campaign_id and window_start (null, Int64, where the record has none). A table
+        without the needed columns gets nulls there (the column check names what is missing).
+    """
+    frame = windows.copy().reset_index(drop=True)
+    try:
+        start_ms, end_ms = _epoch_ms(frame["window_start"]), _epoch_ms(frame["window_end"])
+        frame["window_ms"] = end_ms - start_ms
+        frame["window_offset_ms"] = start_ms % int(window_ms)
+        record = expected.assign(campaign_id=expected["campaign_id"].astype(str),
+                                 window_start_ms=expected["window_start_ms"].astype("int64"))
+        record = record.drop_duplicates(["campaign_id", "window_start_ms"])[["campaign_id", "window_start_ms", "views"]]
+        probe = pd.DataFrame({"campaign_id": frame["campaign_id"].astype(str), "window_start_ms": start_ms.astype("Int64")})
+        record["window_start_ms"] = record["window_start_ms"].astype("Int64")
+        matched = probe.merge(record, on=["campaign_id", "window_start_ms"], how="left")
+        frame["expected_views"] = matched["views"].astype("Int64").to_numpy()
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("YSB windows table lacks what the derived columns need (%s); the column checks will fail", exc)
+    return frame
+
+
 def alerts_batch(alerts: Iterable[Mapping[str, Any]], windows: pd.DataFrame) -> pd.DataFrame:
     """The alerts suite's batch: one row per alert record, joined with the run's windows table.
 
@@ -260,20 +341,24 @@ def reconciliation_batch(summary: Mapping[str, Any], windows: pd.DataFrame) -> p
 
     Returns:
         One row: `RECONCILIATION_COLUMNS` from the summary (null where absent), `accounted_events`
-        = sum_window_counts + late_events + dead_letters + pending_events (pending absent = 0),
+        = sum_window_counts + late_events + dead_letters + filtered_events + pending_events
+        (pending absent or null = 0; filtered absent = 0: a summary from before it was counted),
         `unread_events` = events_produced - events_read (null when either is unknown), and the
-        table's `table_windows` (rows), `table_sum_counts` (Σ count), `table_alerts` (alert rows).
+        table's `table_windows` (rows), `table_sum_counts` (Σ count), `table_alerts` (alert rows;
+        0 for a table without an `alert` column, such as YSB's).
     """
     row: dict[str, Any] = {column: summary.get(column) for column in RECONCILIATION_COLUMNS}
     if row["pending_events"] is None:
         row["pending_events"] = 0
-    parts = [row[c] for c in ("sum_window_counts", "late_events", "dead_letters", "pending_events")]
+    if "filtered_events" not in summary:  # a summary from before filtering existed: none filtered
+        row["filtered_events"] = 0
+    parts = [row[c] for c in ("sum_window_counts", "late_events", "dead_letters", "filtered_events", "pending_events")]
     row["accounted_events"] = sum(parts) if all(isinstance(p, int) for p in parts) else None
     produced, read = row["events_produced"], row["events_read"]
     row["unread_events"] = produced - read if isinstance(produced, int) and isinstance(read, int) else None
     row["table_windows"] = len(windows)
     row["table_sum_counts"] = int(windows["count"].sum()) if len(windows) else 0
-    row["table_alerts"] = int(windows["alert"].astype(bool).sum()) if len(windows) else 0
+    row["table_alerts"] = int(windows["alert"].astype(bool).sum()) if len(windows) and "alert" in windows else 0
     return pd.DataFrame([row])
 
 
@@ -283,6 +368,7 @@ def window_columns_present(windows: pd.DataFrame) -> bool:
 
 
 __all__ = [
-    "ALERT_FIELDS", "alerts_batch", "first_batch_time_ms", "read_alerts", "read_summary", "read_windows",
-    "reconciliation_batch", "window_columns_present", "windows_batch",
+    "ALERT_FIELDS", "alerts_batch", "expected_views_path", "first_batch_time_ms", "read_alerts", "read_expected_views",
+    "read_job", "read_summary", "read_windows", "reconciliation_batch", "window_columns_present", "windows_batch",
+    "ysb_windows_batch",
 ]

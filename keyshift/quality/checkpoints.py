@@ -1,9 +1,11 @@
 """Run the checkpoints on a finished run and say, one line each, what failed.
 
 `validate_run` is what `keyshift dq run --run RUN_ID` and the pipeline's `data_quality` task
-call: it reads `runs/<run_id>/` (windows table, summary) and the run's records on the alerts
-topic, runs the three checkpoints of the committed GX context (`keyshift.quality.context`) with
-the run's suite parameters, builds the run's Data Docs (`runs/<run_id>/data_docs/index.html`),
+call: it reads `runs/<run_id>/` (windows table, summary, the job record `job.json` that names the
+job), and per job what its suites compare with (the flights: the run's records on the alerts
+topic; YSB: the generator's `expected_views.parquet`, found through the replay record in
+`job.json`), runs the job's checkpoints of the committed GX context (`keyshift.quality.context`,
+`keyshift.quality.suites.JOB_SUITES`) with the run's suite parameters, builds the run's Data Docs (`runs/<run_id>/data_docs/index.html`),
 writes `runs/<run_id>/quality.json`, and returns a `QualityReport`. `QualityReport.raise_for_failures`
 turns failures into a `QualityError` with one line per failed expectation, naming it and showing a
 sample of its unexpected rows.
@@ -25,7 +27,15 @@ from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import ALERTS_TOPIC
 from keyshift.quality import batches
 from keyshift.quality.context import data_docs_dir, open_context
-from keyshift.quality.suites import ALERTS_SUITE, RECONCILIATION_SUITE, WINDOWS_SUITE, run_parameters, suite_spec
+from keyshift.quality.suites import (
+    ALERTS_SUITE,
+    RECONCILIATION_SUITE,
+    WINDOWS_SUITE,
+    YSB_WINDOWS_SUITE,
+    job_suites,
+    run_parameters,
+    suite_spec,
+)
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -218,6 +228,8 @@ def validate_frames(
     partitions: int,
     window_ms: int = HOUR_MS,
     complete: bool = True,
+    job: str | None = None,
+    expected_views: pd.DataFrame | None = None,
 ) -> QualityReport:
     """Validate a run's data, given as frames and records, and write its Data Docs to `run_dir`.
 
@@ -225,19 +237,33 @@ def validate_frames(
         run_dir: where validation results, Data Docs and `quality.json` go (`runs/<run_id>/`).
         run_id: the run (alert records must carry it; names the validation).
         windows: the windows table. summary: the run's summary (None: skip the reconciliation
-            suite). alerts: the run's alert records (None: skip the alerts suite).
+            suite). alerts: the run's alert records (None: skip the alerts suite; a YSB run
+            has none).
         partitions: P. window_ms: the window size, ms of event time.
         complete: a bounded run that read everything (see `run_parameters`).
+        job: the run's job, `flight_delays` (None) or `ysb`: which suites run (`JOB_SUITES`).
+        expected_views: YSB: the generator's record (`batches.read_expected_views`); required.
 
     Returns:
         The `QualityReport` (also written to `run_dir/quality.json`).
+
+    Raises:
+        QualityError: a job without suites, or a YSB run without the generator's record.
     """
+    suites = job_suites(job)
+    if YSB_WINDOWS_SUITE in suites and expected_views is None:
+        raise QualityError(f"run {run_id} is a YSB run: its windows are checked against the generator's expected_views.parquet;"
+                           " none was given")
     alerting = int(windows["alert"].astype(bool).sum()) if "alert" in windows and len(windows) else 0
-    parameters = run_parameters(run_id=run_id, partitions=partitions, window_ms=window_ms,
-                                alerting_windows=alerting, complete=complete)
+    parameters = run_parameters(run_id=run_id, partitions=partitions, window_ms=window_ms, alerting_windows=alerting,
+                                complete=complete, expected_windows=None if expected_views is None else len(expected_views))
     context = open_context(run_dir)
-    results = [run_checkpoint(context, WINDOWS_SUITE, batches.windows_batch(windows, window_ms), parameters, run_id)]
-    if alerts is not None:
+    if WINDOWS_SUITE in suites:
+        windows_batch = (WINDOWS_SUITE, batches.windows_batch(windows, window_ms))
+    else:
+        windows_batch = (YSB_WINDOWS_SUITE, batches.ysb_windows_batch(windows, window_ms, expected_views))
+    results = [run_checkpoint(context, *windows_batch, parameters, run_id)]
+    if alerts is not None and ALERTS_SUITE in suites:
         results.append(run_checkpoint(context, ALERTS_SUITE, batches.alerts_batch(alerts, windows), parameters, run_id))
     if summary is not None:
         results.append(run_checkpoint(context, RECONCILIATION_SUITE, batches.reconciliation_batch(summary, windows), parameters, run_id))
@@ -266,35 +292,54 @@ def validate_run(
     complete: bool | None = None,
     alerts_topic: str = ALERTS_TOPIC,
     alerts: Iterable[Mapping[str, Any]] | None = None,
+    expected_views: Path | None = None,
 ) -> QualityReport:
-    """Run every checkpoint on a finished run `runs/<run_id>/` and build its Data Docs.
+    """Run the job's checkpoints on a finished run `runs/<run_id>/` and build its Data Docs.
+
+    The job comes from the run's job record (`job.json`, config `job`), else the summary's
+    `job`, else flight_delays; its suites from `keyshift.quality.suites.JOB_SUITES`.
 
     Args:
         settings: where runs live (`runs_dir`) and the broker is.
         run_id: the run to validate; `runs/<run_id>/summary.json` must exist.
         window_ms: the job's window size (default: the summary's `window_ms`, else one hour).
         complete: whether the run had to read everything produced (default: `is_complete_run`).
-        alerts_topic: the topic the job sent alerts to.
+        alerts_topic: the topic the flight job sent alerts to.
         alerts: the run's alert records; None reads them from `alerts_topic` (committed records
-            with this run id, from 10 minutes before the run's first batch).
+            with this run id, from 10 minutes before the run's first batch). Not read for YSB.
+        expected_views: YSB: the generator's `expected_views.parquet`; None: the one in the
+            folder the run's replay record names (`runs/ysb-<id>/`).
 
     Returns:
         The `QualityReport`; check `success`, or call `raise_for_failures()`.
 
     Raises:
-        QualityError: no summary for the run, or the alerts topic cannot be read.
+        QualityError: no summary for the run, a job without suites, the alerts topic cannot be
+            read, or a YSB run whose generator record cannot be found.
     """
     run_dir = Path(settings.runs_dir) / run_id
     summary = batches.read_summary(run_dir)
-    windows = batches.read_windows(run_dir)
-    if alerts is None:
+    record = batches.read_job(run_dir)
+    job = (record.get("config") or {}).get("job") or summary.get("job") or "flight_delays"
+    suites = job_suites(job)
+    windows = batches.read_windows(run_dir, job)
+    expected = None
+    if YSB_WINDOWS_SUITE in suites:
+        path = expected_views or batches.expected_views_path(record)
+        if path is None:
+            raise QualityError(f"run {run_id} (job {job}) did not read a YSB generator's replay (no `record` in its job.json replay);"
+                               " give the generator's record with `keyshift dq run --expected-views PATH`")
+        expected = batches.read_expected_views(path)
+    if ALERTS_SUITE not in suites:
+        alerts = None
+    elif alerts is None:
         first = batches.first_batch_time_ms(run_dir)
         alerts = batches.read_alerts(settings, run_id, alerts_topic, since_ms=None if first is None else first - ALERTS_LOOKBACK_MS)
     partitions = int(summary.get("partitions") or settings.partitions)
     return validate_frames(
-        run_dir, run_id, windows=windows, summary=summary, alerts=list(alerts), partitions=partitions,
+        run_dir, run_id, windows=windows, summary=summary, alerts=None if alerts is None else list(alerts), partitions=partitions,
         window_ms=int(window_ms or summary.get("window_ms") or HOUR_MS),
-        complete=is_complete_run(summary) if complete is None else complete,
+        complete=is_complete_run(summary) if complete is None else complete, job=job, expected_views=expected,
     )
 
 

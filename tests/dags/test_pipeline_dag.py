@@ -63,8 +63,9 @@ def test_dag_shape(dag):
 
 def test_dag_params_defaults(dag):
     params = dag.params.dump()
-    assert params == {"strategy": "hash", "partitions": 8, "limit": 20000, "rate": None, "bound_ms": 3_600_000,
-                      "watermark": "global", "max_restarts": 3, "restart_delay_s": 10.0}
+    assert params == {"job": "flight_delays", "strategy": "hash", "partitions": 8, "limit": 20000, "rate": None,
+                      "bound_ms": 3_600_000, "watermark": "global", "max_restarts": 3, "restart_delay_s": 10.0}
+    assert dag.params.get_param("job").schema["enum"] == ["flight_delays", "ysb"]
     assert set(dag.params.get_param("watermark").schema["enum"]) == {"global", "key", "nkey", "dynamic"}
     # The trigger form accepts a continuous run (null limit) and rejects a negative one.
     schema = dag.params.get_param("limit").schema
@@ -91,14 +92,22 @@ def test_spark_submit_operator_renders_args_from_params(dag):
     assert op.jars == "{{ connector_jars() }}"  # rendered at run time: under spark-submit the JVM exists before the job runs
     env = dag.get_template_env()
     context = {
-        "params": {"strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000, "watermark": "key"},
+        "params": {"job": "flight_delays", "strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000,
+                   "watermark": "key"},
         "run_id": "manual__2026-01-02T03:04:05.678901+00:00",
     }
     rendered = [env.from_string(arg).render(**context) for arg in op.application_args]
     assert rendered == [
-        "--run-id", "manual__2026-01-02T03_04_05.678901_00_00",
-        "--strategy", "hash", "--partitions", "4", "--bound-ms", "60000", "--limit", "20000", "--watermark", "key",
+        "--run-id", "manual__2026-01-02T03_04_05.678901_00_00", "--job", "flight_delays",
+        "--strategy", "hash", "--partitions", "4", "--bound-ms", "60000", "--limit", "20000", "--topic", "flights",
+        "--watermark", "key",
     ]
+    ysb = {**context, "params": {**context["params"], "job": "ysb", "strategy": "least_count"}}
+    rendered = [env.from_string(arg).render(**ysb) for arg in op.application_args]
+    assert rendered[2:4] == ["--job", "ysb"] and rendered[rendered.index("--topic") + 1] == "ysb-ad-events"
+    watch = dag.task_dict["watch_job"]
+    assert "topic" in watch.template_fields
+    assert env.from_string(watch.topic).render(**ysb) == "ysb-ad-events"
     rendered_env = {k: env.from_string(v).render(**context) for k, v in op.env_vars.items()}
     assert rendered_env["PYSPARK_PYTHON"] == str(Path(sys.executable).parent / "python")
     assert rendered_env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
@@ -225,6 +234,77 @@ def test_is_bounded_rejects_negative():
         pipeline.is_bounded(-5)
 
 
+@pytest.mark.parametrize(
+    "job, topics",
+    [
+        (None, ("flights", "flights-dead-letter", "flights-late", "flight-delay-alerts")),  # the default job
+        ("flight_delays", ("flights", "flights-dead-letter", "flights-late", "flight-delay-alerts")),
+        ("ysb", ("ysb-ad-events", "ysb-ad-events-dead-letter", "ysb-ad-events-late")),  # no alerts topic
+    ],
+)
+def test_job_topics_follow_the_jobs_spec(job, topics):
+    assert pipeline.job_topics(job) == topics
+    assert pipeline.job_topic(job) == topics[0]
+
+
+def test_pipeline_jobs_are_registered_tumbling_jobs():
+    from keyshift.jobs import job_spec
+
+    assert pipeline.JOBS == ("flight_delays", "ysb")
+    assert all(not job_spec(job).key_windows for job in pipeline.JOBS)
+    assert set(pipeline.STRATEGIES) == {s for offered in pipeline.JOB_STRATEGIES.values() for s in offered}
+
+
+@pytest.mark.parametrize(
+    "job, strategy, message",
+    [
+        ("ysb", "hot_split", "for job ysb; choose one of ['hash', 'least_key', 'least_count']"),
+        ("ysb", "round_robin", "for job ysb"),
+        ("flight_delays", "modulo", "for job flight_delays"),
+        ("flight_delays_sliding", "hash", "job 'flight_delays_sliding' is not run by the pipeline; choose one of ['flight_delays', 'ysb']"),
+        ("nope", "hash", "choose one of ['flight_delays', 'ysb']"),
+    ],
+)
+def test_unsupported_job_and_strategy_combinations_are_refused(job, strategy, message, tmp_path):
+    with pytest.raises(ConfigurationError) as refused:
+        pipeline.validate_strategy(strategy, job)
+    assert message in str(refused.value)
+    settings = Settings(runs_dir=tmp_path)  # the tasks refuse them before touching a service
+    with pytest.raises(ConfigurationError):
+        pipeline.publish_assignment(settings, strategy, 4, 100, job=job)
+    with pytest.raises(ConfigurationError):
+        pipeline.replay(settings, 100, None, strategy, 4, job=job, run_id="r")
+    if job not in pipeline.JOBS:
+        with pytest.raises(ConfigurationError, match="not run by the pipeline"):
+            pipeline.provision(settings, 4, job=job)
+
+
+def test_ysb_replay_needs_the_run_id_for_its_record(tmp_path):
+    with pytest.raises(ConfigurationError, match="run id"):
+        pipeline.replay(Settings(runs_dir=tmp_path), 100, None, "hash", 4, job="ysb")
+
+
+@pytest.mark.parametrize("events", [1, 7, 20_000, 19_999, 1_000_000])
+@pytest.mark.parametrize("rate", [None, 3.0, 100.0, 777.7])
+def test_ysb_generation_makes_exactly_the_limit(events, rate):
+    import math
+
+    plan = pipeline.ysb_generation(events, rate, now_ms=1_800_000_000_000)
+    assert math.floor(plan["rate"] * plan["duration"]) == events  # the generator's own count
+    if rate is None:  # a backfill that ends by now
+        assert plan["rate"] == pipeline.YSB_BACKFILL_EVENT_RATE
+        last_ms = plan["start_ms"] + math.floor((events - 1) * 1000 / plan["rate"])
+        assert last_ms <= 1_800_000_000_000
+    else:  # paced in real time from now
+        assert plan["rate"] == rate and plan["start_ms"] is None
+
+
+def test_spark_submit_args_name_the_job():
+    args = pipeline.spark_submit_args("r", "least_count", 4, 10_000, 20_000, topic="ysb-ad-events", job="ysb")
+    assert args[:4] == ["--run-id", "r", "--job", "ysb"] and args[args.index("--topic") + 1] == "ysb-ad-events"
+    assert "--job" not in pipeline.spark_submit_args("r", "hash", 8, 1, None)
+
+
 def test_spark_submit_args_continuous_has_no_limit():
     assert pipeline.spark_submit_args("r", "hash", 8, 3_600_000, None) == [
         "--run-id", "r", "--strategy", "hash", "--partitions", "8", "--bound-ms", "3600000",
@@ -261,6 +341,8 @@ GOOD_SUMMARY = {"run_id": "r", "events_read": 100, "events_produced": 100, "sum_
         ({"dead_letters": None}, {}, "dead_letters"),  # missing field
         ({"events_produced": 500}, {"complete": False}, None),  # a continuous run stopped early
         ({"late_events": 3}, {"complete": False}, "sum_window_counts"),  # ... still accounts every event
+        ({"events_read": 130, "events_produced": 130, "filtered_events": 30}, {}, None),  # YSB: non-views filtered
+        ({"events_read": 130, "events_produced": 130, "filtered_events": 29}, {}, "filtered_events 29"),
     ],
 )
 def test_summary_problems(change, kwargs, problem):
@@ -308,6 +390,23 @@ def redis_client(stack_settings):
     client.close()
 
 
+def _dag_test_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a `dag.test()` subprocess: its own AIRFLOW_HOME and SQLite metadata
+    database under `tmp_path` (migrated here), this checkout's dags/, plus `extra` variables."""
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+        **extra,
+    }
+    migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    return env
+
+
 # dag.test() needs a metadata database; it runs in a fresh interpreter with its own AIRFLOW_HOME
 # (SQLite), so it neither touches the running Airflow's database nor inherits another test's
 # Airflow configuration. Every task but provision_topics is marked success without running.
@@ -330,16 +429,7 @@ _DAG_TEST = textwrap.dedent(
 def test_dag_test_provisions_topics_idempotently(stack_settings, tmp_path):
     from keyshift.topics import end_offsets
 
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
-    }
-    migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    env = _dag_test_env(tmp_path)
     partitions = stack_settings.partitions
     for attempt in (1, 2):  # the second run finds the topics and must succeed all the same
         proc = subprocess.run([sys.executable, "-c", _DAG_TEST, str(DAG_FILE), str(partitions)],
@@ -406,17 +496,7 @@ def test_dag_test_continuous_path_launch_watch_stop(stack_settings, tmp_path):
     if not (REPO / "spark_jobs" / "flight_delays.py").exists():
         pytest.skip("spark_jobs/flight_delays.py is not there yet")
     runs = tmp_path / "runs"
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
-        "KEYSHIFT_RUNS_DIR": str(runs),
-    }
-    migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    env = _dag_test_env(tmp_path, KEYSHIFT_RUNS_DIR=str(runs))
     proc = subprocess.run([sys.executable, "-c", _DAG_TEST_CONTINUOUS, str(DAG_FILE), str(stack_settings.partitions)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -437,6 +517,52 @@ def test_dag_test_continuous_path_launch_watch_stop(stack_settings, tmp_path):
     assert {s["suite"] for s in record["quality"]["suites"]} == {"flight_delay_windows", "flight_delay_alerts", "run_reconciliation"}
     assert (run_dir / "data_docs" / "index.html").is_file()
     assert "consumer lag" in proc.stdout + proc.stderr  # the trigger logged the job's lag
+
+
+# The bounded YSB path for real: provision the YSB topics, generate 20,000 ad events (a backfill),
+# spark-submit the YSB job through the provider's SparkSubmitOperator (the `spark_default`
+# connection given as AIRFLOW_CONN_SPARK_DEFAULT, `local[*]`), verify the summary with its filtered
+# events, and run the YSB suites against the generator's record.
+_DAG_TEST_YSB = textwrap.dedent(
+    """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    dag = DagBag(dag_folder=sys.argv[1]).dags["keyshift_pipeline"]
+    run = dag.test(run_conf={"job": "ysb", "strategy": "least_count", "limit": 20000, "partitions": int(sys.argv[2]),
+                             "watermark": "key", "bound_ms": 10000})
+    from airflow.utils.session import create_session
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances(session=session)}
+    print("RESULT " + json.dumps({"state": str(run.state), "tasks": states}))
+    """
+)
+
+
+@pytest.mark.integration
+def test_dag_test_bounded_ysb_run(stack_settings, tmp_path):
+    from keyshift.stack.airflow import spark_connection
+    from keyshift.topics import describe_topics
+
+    existing = describe_topics(stack_settings, [names.YSB_TOPIC]).get(names.YSB_TOPIC)
+    partitions = existing.partitions if existing else 4  # the pipeline refuses another P than the topic's
+    runs = tmp_path / "runs"
+    env = _dag_test_env(tmp_path, AIRFLOW_CONN_SPARK_DEFAULT=spark_connection(stack_settings), KEYSHIFT_RUNS_DIR=str(runs))
+    proc = subprocess.run([sys.executable, "-c", _DAG_TEST_YSB, str(DAG_FILE), str(partitions)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"dag.test() failed:\n{proc.stderr[-6000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["state"] == "success", (result, proc.stderr[-6000:])
+    assert result["tasks"]["spark_submit"] == "success" and result["tasks"]["launch_job"] == "skipped"
+    assert result["tasks"]["data_quality"] == "success"
+    (run_dir,) = [p for p in runs.iterdir() if not p.name.startswith("ysb-")]
+    record = json.loads((run_dir / "pipeline.json").read_text())
+    summary, replayed = record["summary"], record["replay"]
+    assert summary["job"] == "ysb" and summary["topic"] == names.YSB_TOPIC and summary["strategy"] == "least_count"
+    assert summary["events_read"] == replayed["events_produced"] == 20_000
+    assert summary["filtered_events"] == 20_000 - replayed["views"] and summary["sum_window_counts"] == replayed["views"]
+    assert {s["suite"] for s in record["quality"]["suites"]} == {"ysb_windows", "run_reconciliation"}
+    assert Path(replayed["record_dir"]) == runs / f"ysb-{run_dir.name}"
 
 
 def _record_running_driver(client, settings: Settings, run_id: str, argv: list[str]):

@@ -26,20 +26,14 @@ from click.testing import CliRunner
 from kafka import KafkaConsumer, KafkaProducer
 
 from keyshift.cli.replay import command as replay_command
-from keyshift.names import (
-    YSB_DEAD_LETTER_TOPIC,
-    YSB_LATE_TOPIC,
-    redis_replay_key,
-    redis_ysb_ad_campaign_key,
-    redis_ysb_ad_campaign_version_key,
-    redis_ysb_campaigns_key,
-)
+from ysb_runs import fresh_ysb_topic, remove_ysb_run
+
+from keyshift.names import YSB_DEAD_LETTER_TOPIC, redis_ysb_ad_campaign_key
 from keyshift.placement.strategies import HashStrategy
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.processor import PENDING_STATE_NAME
 from keyshift.processing.redis_windows import read_windows
 from keyshift.runs import redis_client
-from keyshift.topics import create_topics, delete_topics, describe_topics
 
 pytestmark = pytest.mark.integration
 
@@ -80,11 +74,7 @@ def _read_run_records(settings, topic: str, run_id: str) -> list[dict]:
 def run(stack_settings, tmp_path_factory):
     """Replay, add the bad records, run `keyshift job run ysb` in a subprocess; the tests read its outputs."""
     runs_dir = tmp_path_factory.mktemp("ysb-runs")
-    topic = f"it-ysb-{uuid.uuid4().hex[:8]}"
-    create_topics(stack_settings, [topic], PARTITIONS)
-    missing = [t for t in (YSB_DEAD_LETTER_TOPIC, YSB_LATE_TOPIC) if t not in describe_topics(stack_settings, [t])]
-    if missing:
-        create_topics(stack_settings, missing, PARTITIONS)
+    topic = fresh_ysb_topic(stack_settings, "ysb", PARTITIONS)
     env = {**os.environ, "KEYSHIFT_RUNS_DIR": str(runs_dir)}
     old_runs_dir = os.environ.get("KEYSHIFT_RUNS_DIR")
     os.environ["KEYSHIFT_RUNS_DIR"] = str(runs_dir)
@@ -121,12 +111,7 @@ def run(stack_settings, tmp_path_factory):
     yield {"summary": summary, "topic": topic, "run_id": run_id, "run_dir": runs_dir / run_id, "bad": bad, "client": client,
            "ysb": json.loads((runs_dir / "ysb-it" / "ysb.json").read_text()), "started_ms": started_ms,
            "expected": pd.read_parquet(runs_dir / "ysb-it" / "expected_views.parquet"), "records": records}
-    delete_topics(stack_settings, [topic])
-    client.delete(redis_replay_key(topic), redis_ysb_ad_campaign_key(topic), redis_ysb_campaigns_key(topic),
-                  redis_ysb_ad_campaign_version_key(topic))
-    keys = list(client.scan_iter(f"*:ysb:run:{run_id}:*"))
-    if keys:
-        client.delete(*keys)
+    remove_ysb_run(stack_settings, client, topic, run_id)
 
 
 def test_every_record_is_accounted_for(run):

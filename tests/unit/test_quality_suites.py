@@ -122,7 +122,7 @@ def test_outputs_go_to_the_run_folder_not_the_repository(tmp_path):
     results = list((tmp_path / RUN / "gx" / "validations").rglob("*.json"))
     assert len(results) == 3  # one validation result per suite
     saved = json.loads((tmp_path / RUN / "quality.json").read_text())
-    assert saved["success"] is True and [s["suite"] for s in saved["suites"]] == [s.name for s in suites.SUITES]
+    assert saved["success"] is True and [s["suite"] for s in saved["suites"]] == list(suites.JOB_SUITES["flight_delays"])
 
 
 def test_context_works_from_a_clean_copy(tmp_path):
@@ -261,3 +261,124 @@ def test_an_unreconciled_summary_fails_the_reconciliation_suite(tmp_path, change
     assert failure.sample and failure.sample[0]["run_id"] == RUN
     with pytest.raises(QualityError, match=f"run_reconciliation: expect_.*{column}"):
         report.raise_for_failures()
+
+
+# ---------------------------------------------------------------- YSB: the generator's record
+
+S10 = pd.Timedelta(seconds=10)
+C1, C2 = "7f3c0000-0000-4000-8000-000000000001", "7f3c0000-0000-4000-8000-000000000002"
+
+
+def ysb_windows() -> pd.DataFrame:
+    """Three YSB windows of two campaigns (10 s each), as the YSB job writes them."""
+    return pd.DataFrame({
+        "campaign_id": [C1, C1, C2],
+        "window_start": [T0, T0 + S10, T0],
+        "window_end": [T0 + S10, T0 + 2 * S10, T0 + S10],
+        "count": [3, 1, 2],
+        "slot": [0, 0, 3],
+        "epoch": [0, 0, 0],
+    })
+
+
+def expected_views() -> pd.DataFrame:
+    """The generator's record matching `ysb_windows()`."""
+    return pd.DataFrame({"campaign_id": [C1, C1, C2], "window_start_ms": [_ms(T0), _ms(T0 + S10), _ms(T0)], "views": [3, 1, 2]})
+
+
+def ysb_summary() -> dict:
+    """30 events read = 6 views in windows + 1 late + 2 dead letters + 21 filtered (clicks, purchases)."""
+    return {"run_id": RUN, "partitions": 4, "events_produced": 30, "events_read": 30, "sum_window_counts": 6, "late_events": 1,
+            "dead_letters": 2, "filtered_events": 21, "pending_events": 0, "windows_emitted": 3, "alerts": 0, "job": "ysb"}
+
+
+def validate_ysb(tmp_path: Path, windows=None, expected=None, run_summary=None, complete=True):
+    return validate_frames(tmp_path / RUN, RUN, windows=windows if windows is not None else ysb_windows(),
+                           summary=run_summary if run_summary is not None else ysb_summary(), alerts=None, partitions=4,
+                           window_ms=10_000, complete=complete, job="ysb",
+                           expected_views=expected if expected is not None else expected_views())
+
+
+def test_a_clean_ysb_run_passes_its_suites(tmp_path):
+    report = validate_ysb(tmp_path)
+    assert report.success, report.failure_lines()
+    assert [(s.suite, s.rows) for s in report.suites] == [("ysb_windows", 3), ("run_reconciliation", 1)]
+    assert report.parameters["min_windows"] == report.parameters["max_windows"] == 3
+
+
+@pytest.mark.parametrize(
+    ("windows", "expected", "expectation", "column"),
+    [
+        # a window counted one view short of the generator's record
+        (lambda t: t.assign(count=[3, 1, 1]), None, "expect_column_pair_values_to_be_equal", "count"),
+        # a window the generator never recorded views in
+        (lambda t: t.assign(window_start=[T0, T0 + 2 * S10, T0], window_end=[T0 + S10, T0 + 3 * S10, T0 + S10]), None,
+         "expect_column_pair_values_to_be_equal", "count"),
+        # a window of the record missing from the table
+        (lambda t: t.iloc[:2], None, "expect_table_row_count_to_be_between", None),
+        # a window twice
+        (lambda t: pd.concat([t, t.iloc[[2]]], ignore_index=True), None, "expect_compound_columns_to_be_unique", None),
+        # not 10 s aligned
+        (lambda t: t.assign(window_start=t["window_start"] + pd.Timedelta(seconds=1),
+                            window_end=t["window_end"] + pd.Timedelta(seconds=1)), None,
+         "expect_column_values_to_be_between", "window_offset_ms"),
+        (lambda t: t.assign(slot=[0, 0, 4]), None, "expect_column_values_to_be_between", "slot"),  # P = 4
+        (lambda t: t.drop(columns=["epoch"]), None, "expect_table_columns_to_match_ordered_list", None),
+    ],
+)
+def test_a_ysb_table_that_differs_from_the_generators_record_fails(tmp_path, windows, expected, expectation, column):
+    table = windows(ysb_windows())
+    report = validate_ysb(tmp_path, windows=table, expected=expected, run_summary={
+        **ysb_summary(), "windows_emitted": len(table), "sum_window_counts": int(table["count"].sum()),
+        "filtered_events": 30 - 3 - int(table["count"].sum())})
+    assert not report.success
+    failure = _failure(report, "ysb_windows", expectation, column)
+    if failure.unexpected_count is not None and "campaign_id" in table:
+        assert set(failure.sample[0]) >= {"campaign_id", "window_start"}  # the failing window is named
+
+
+def test_a_stopped_continuous_ysb_run_may_have_fewer_windows(tmp_path):
+    partial = {**ysb_summary(), "events_produced": 40, "windows_emitted": 2, "sum_window_counts": 4, "filtered_events": 23}
+    assert validate_ysb(tmp_path, windows=ysb_windows().iloc[:2], run_summary=partial, complete=False).success
+
+
+@pytest.mark.parametrize(
+    ("change", "column"),
+    [
+        ({"filtered_events": 20}, "events_read"),  # one event neither in a window nor filtered
+        ({"filtered_events": None}, "filtered_events"),  # a YSB summary must count its filtered events
+    ],
+)
+def test_the_reconciliation_counts_filtered_events(tmp_path, change, column):
+    report = validate_ysb(tmp_path, run_summary={**ysb_summary(), **change})
+    _failure(report, "run_reconciliation", next(f.expectation for f in report.failed
+                                                 if column in (f.kwargs.get("column"), f.kwargs.get("column_A"))), column)
+
+
+def test_a_ysb_run_needs_the_generators_record(tmp_path):
+    with pytest.raises(QualityError, match="expected_views"):
+        validate_frames(tmp_path / RUN, RUN, windows=ysb_windows(), summary=ysb_summary(), alerts=None, partitions=4,
+                        window_ms=10_000, job="ysb")
+    with pytest.raises(QualityError, match="no data quality suites"):
+        validate_frames(tmp_path / RUN, RUN, windows=ysb_windows(), summary=None, alerts=None, partitions=4,
+                        job="flight_delays_sliding")
+
+
+def test_validate_run_takes_the_job_and_the_record_from_job_json(tmp_path):
+    from keyshift.quality.checkpoints import validate_run
+    from keyshift.settings import Settings
+
+    record_dir, run_dir = tmp_path / "ysb-gen", tmp_path / RUN
+    record_dir.mkdir()
+    expected_views().to_parquet(record_dir / "expected_views.parquet", index=False)
+    (run_dir / "windows").mkdir(parents=True)
+    ysb_windows().to_parquet(run_dir / "windows" / "batch-0.parquet", index=False)
+    (run_dir / "summary.json").write_text(json.dumps({**ysb_summary(), "end_offsets": {"0": 30}, "window_ms": 10_000}))
+    (run_dir / "job.json").write_text(json.dumps({"config": {"run_id": RUN, "job": "ysb"},
+                                                  "replay": {"source": "ysb", "record": str(record_dir)}}))
+    report = validate_run(Settings(runs_dir=tmp_path), RUN)  # no alerts topic is read for YSB
+    assert report.success, report.failure_lines()
+    assert [s.suite for s in report.suites] == ["ysb_windows", "run_reconciliation"]
+    (record_dir / "expected_views.parquet").unlink()
+    with pytest.raises(QualityError, match="expected_views.parquet is missing"):
+        validate_run(Settings(runs_dir=tmp_path), RUN)
