@@ -177,7 +177,7 @@ def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...]
     report = bench.run_watermark_bench(Settings(), out, config, progress=progress)
     click.echo(f"{len(report['rows'])} rows -> {out} (plot {report['plot']}), {report['wall_seconds']:.0f} s")
     for row in report["rows"]:
-        click.echo(f"  {row['mode']:>15} disorder {row['disorder']:<4g} bound {row['bound_ms']:>11,} ms: {row['events_per_second']} events/s, "
+        click.echo(f"  {row['mode']:>15} disorder {row['disorder']:<4g} bound {row['bound_ms']:>11,} ms: {row['events_per_second']} events/s ({row.get('events_per_cpu_second')} per CPU s), "
                    f"late {row['late_fraction']}, latency p50 {row['latency_p50_s']} s p95 {row['latency_p95_s']} s, "
                    f"state {row['state_bytes']} B, E {row['performance_ratio_E']}, equal to pandas {row['windows_equal_reference']}")
     for target in report["targets"]:
