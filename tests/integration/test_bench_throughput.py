@@ -31,8 +31,11 @@ def test_plain_and_keyshift_jobs_on_the_same_topic_report_the_issue_shape(stack_
         assert row["events"] >= FLIGHTS and row["partitions"] == 4  # the plain job also reads earlier runs' markers
         assert row["events_per_second"] > 0 and row["steady_events_per_second"] > 0 and row["first_batch_seconds"] > 0
         assert row["driver_peak_rss_bytes"] > 0
+        assert row["cpu_seconds"]["jvm"] > 0 and row["events_per_cpu_second"] > 0
         assert row["process_seconds"] > row["query_seconds"] > 0
     assert rows["keyshift"]["events"] == FLIGHTS and rows["keyshift"]["python_peak_rss_bytes"] > 0
+    assert rows["keyshift"]["cpu_seconds"]["python_workers"] > 0 and rows["plain"]["cpu_seconds"]["python_workers"] == 0
+    assert report["ratio_cpu"] == pytest.approx(rows["keyshift"]["events_per_cpu_second"] / rows["plain"]["events_per_cpu_second"], abs=1e-3)
     assert rows["keyshift"]["reconciled"] is True and rows["keyshift"]["windows_equal_reference"] is True
     assert rows["keyshift"]["late_events"] == 0 and rows["keyshift"]["dead_letters"] == 0
     assert report["ratio_whole"] == pytest.approx(rows["keyshift"]["events_per_second"] / rows["plain"]["events_per_second"], abs=1e-3)
