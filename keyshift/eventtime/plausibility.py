@@ -5,7 +5,9 @@ that every later event of every key is late; one in 1970 would open a window dec
 stream. Such an event is not data: it goes to the dead-letter output with a reason, is counted
 as a dead letter (so events read = Σ window counts + late + dead letters + pending still holds),
 and never reaches the watermark operator. The check therefore runs before Spark's
-`withWatermark`, as a scalar pandas UDF over the event-time column alone.
+`withWatermark`: in a job, inside the ingest stage (`keyshift.processing.ingest`, with
+`implausible_reasons`); `quarantine_implausible` applies the same rule to a DataFrame as a scalar
+pandas UDF over the event-time column alone.
 
 The rule, for an event with event time t (ms) in micro-batch b:
 
@@ -14,9 +16,10 @@ The rule, for an event with event time t (ms) in micro-batch b:
   `batchTimestampMs`). Spark writes that file before it runs the batch and reads it back when it
   replays the batch after a crash, so a replay sees the same W and T. T is a wall clock, but
   the one recorded for the batch, never the clock of the replay. W = 0 means no watermark yet.
-- The chunk: the events the UDF is handed at once, `spark.sql.execution.arrow.maxRecordsPerBatch`
-  rows (default 10,000) of one Kafka partition's slice of the batch, in offset order; the same
-  rows on a replay with the same configuration. The chunk's events are cut, in offset order,
+- The chunk: the records the engine's ingest stage (`keyshift.processing.ingest`) is handed at
+  once, `spark.sql.execution.arrow.maxRecordsPerBatch` Kafka records (default 10,000) of one
+  Kafka partition's slice of the batch, in offset order; the same records on a replay with the
+  same configuration. Its events are the run's valid records in it. The chunk's events are cut, in offset order,
   into blocks of `reference_block_events` (K, default 1,000); a last block of fewer than
   `reference_min_events` (S) events joins the one before it. m = the lower median of the event
   times of the event's own block when that block holds at least S events, else undefined. A

@@ -168,10 +168,27 @@ def _covers(consumed: dict[int, int], target: dict[int, int]) -> bool:
     return all(consumed.get(partition, -1) >= offset for partition, offset in target.items())
 
 
-def _input_reached(target: dict[int, int], consumed: dict[int, int], planned: dict[int, int]) -> bool:
-    """Whether the consumed or the planned offsets (partition -> next offset) reach `target`; an
-    empty map reaches nothing."""
-    return any(offsets and _covers(offsets, target) for offsets in (consumed, planned))
+def _input_reached(target: dict[int, int], consumed: dict[int, int], planned: dict[int, int], room: int | None = 0) -> bool:
+    """Whether the consumed or the planned offsets (partition -> next offset) reach `target`, or
+    leave at most `room` records of it (summed over partitions) for the next batch; an empty map
+    reaches nothing. `room` None: any remainder fits the next batch (no `maxOffsetsPerTrigger`)."""
+    for offsets in (consumed, planned):
+        if not offsets:
+            continue
+        remaining = sum(max(0, end - offsets.get(p, 0)) for p, end in target.items())
+        if remaining == 0 or (room is None or remaining <= room):
+            return True
+    return False
+
+
+def _marker_room(max_offsets_per_trigger: int | None, partitions: int) -> int | None:
+    """Records of the run's input that may still be unread when its end-of-input markers go out:
+    as many as the next batch takes beside the markers (one per partition), so that the batch
+    reading the last records reads the markers too and the run needs no batch of markers alone
+    (`maxOffsetsPerTrigger` counts the markers). None: no limit per batch."""
+    if max_offsets_per_trigger is None:
+        return None
+    return max(0, int(max_offsets_per_trigger) - int(partitions))
 
 
 def _kafka_offsets(settings: Settings, topic: str) -> tuple[dict[int, int], dict[int, int]]:
@@ -784,10 +801,12 @@ def _watch(
                 finish_switch(switching)
                 switching = None
         if target is not None:
-            # The markers go out as soon as a planned batch reaches the end of the input, while
-            # that batch still runs: they land past its offsets, so the next batch reads them
-            # (after every event of the run) instead of a batch of their own after a drain.
-            if state["markers_end"] is None and _input_reached(target, consumed, planned_offsets(checkpoint, config.topic)):
+            # The markers go out as soon as a planned batch leaves no more of the input than the
+            # next batch takes beside them, while that batch still runs: they land past every
+            # offset of the input, so the batch reading the last records reads them too (after
+            # every event of the run) instead of a batch of their own after a drain.
+            room = _marker_room(config.max_offsets_per_trigger, config.partitions)
+            if state["markers_end"] is None and _input_reached(target, consumed, planned_offsets(checkpoint, config.topic), room):
                 log.info("run %s: input planned to its end %s; writing end-of-input markers", config.run_id, target)
                 state["markers_end"] = send_end_of_input(settings, config.topic, config.run_id)
                 last_activity = time.monotonic()

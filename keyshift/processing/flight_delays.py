@@ -1,15 +1,18 @@
 """A keyed window job's pipeline as a function from the Kafka source to the processor's output.
 
-source (Kafka rows) -> parse & validate (the job spec's record rules) -> keep this run's records
--> event-time plausibility (implausible events become dead letters before the watermark can see
-them) -> dead-letter payload -> event-time watermark -> drop end-of-input markers
--> Local Merge: (a looked-up key, `keyshift.processing.key_lookup`) partials per (key, window)
-   and the slot token from the assignment (mapInArrow)
+source (Kafka rows: key, value, partition, offset)
+-> ingest, one mapInArrow (`keyshift.processing.ingest`): keep this run's records, parse and
+   validate (the job spec's record rules), event-time plausibility (implausible events become
+   dead letters before the watermark can see them), the key lookup of a `key_lookup` spec,
+   dead-letter payloads, then Local Merge: partials per (key, window) with the slot token from
+   the assignment, each carrying its largest event time
+-> event-time watermark over that largest event time -> drop end-of-input markers
 -> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids)
 
-A spec with `window="key_windows"` (sliding windows, paper 003) shares everything up to the
-markers and then takes `keyshift.processing.key_window_stream.key_window_stream` instead of
-Local Merge + KeyedWindowProcessor: slot token per event -> KeyWindowProcessor.
+A spec with `window="key_windows"` (sliding windows, paper 003) shares the ingest (without Local
+Merge: one row per event) and the watermark, then takes
+`keyshift.processing.key_window_stream.key_window_stream` instead of KeyedWindowProcessor: slot
+token per event -> KeyWindowProcessor.
 
 The result is a streaming DataFrame of `keyshift.processing.processor.output_schema(spec)` rows
 that the sink (`keyshift.processing.sinks.KeyedWindowSink`) splits into windows, alerts, late
@@ -26,18 +29,19 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from keyshift.errors import ConfigurationError
-from keyshift.eventtime.plausibility import PlausibilityLimits, quarantine_implausible
+from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import input_columns, local_merge_function, partial_schema
+from keyshift.processing.ingest import (
+    CONTROL_COLUMN, EVENT_TS_COLUMN, IngestContext, event_times_of_events, event_times_of_partials, events_schema, ingest_function,
+    stage_schema,
+)
+from keyshift.processing.local_merge import partial_schema, partials_function
 from keyshift.processing.processor import KeyedWindowProcessor, output_schema
-from keyshift.processing.records import validate_records, with_dead_letter_payload
 from keyshift.processing.spec import JobSpec
-
-EVENT_TIME_COLUMN = "event_ts"
 
 RULE_STRATEGIES = ("hash", "modulo")
 """Strategies each executor can compute itself: a pure function of the key."""
@@ -215,51 +219,42 @@ def flight_delay_stream(
     so Spark must not filter them out silently first.
     """
     policy, spec = config.watermark_policy, config.spec
-    own = run_records(validate_records(kafka_rows, spec), config.run_id, config.end_offsets)
-    # before the watermark operator, so an implausible event never moves the watermark
-    plausible = quarantine_implausible(
-        own, checkpoint_dir or default_checkpoint_dir(config.run_id), policy.spark_delay_ms, config.plausibility,
-        exempt=F.col("is_control"), watermark_floor_ms=watermark_floor_ms,
-    )
-    timed = with_dead_letter_payload(plausible, spec).withColumn(
-        EVENT_TIME_COLUMN,
-        F.when(
-            F.col("dead_letter_reason").isNull() | F.col("is_control"),
-            F.timestamp_millis(F.col("event_time_ms")),
-        ),
-    )
-    events = (
-        # per-key modes: Spark's watermark is the fallback every key's watermark stays above
-        timed.withWatermark(EVENT_TIME_COLUMN, f"{policy.spark_delay_ms} milliseconds")
-        # Markers must pass the watermark operator before they are dropped; Spark pushes a filter
-        # below EventTimeWatermark unless it references the event-time column, so this one does.
-        .where(~(F.col("is_control") & F.col(EVENT_TIME_COLUMN).isNotNull()))
-        .drop(EVENT_TIME_COLUMN, "is_control", "control_run_id")
+    context = IngestContext(
+        run_id=config.run_id, end_offsets=config.end_offsets,
+        checkpoint_dir=str(checkpoint_dir or default_checkpoint_dir(config.run_id)),
+        bound_ms=policy.spark_delay_ms, limits=config.plausibility, watermark_floor_ms=watermark_floor_ms,
     )
     store = (config.redis_url, config.topic) if config.assignment is not None else None
-    if spec.key_windows:
-        from keyshift.processing.key_window_stream import check_key_window_run, key_window_stream
-
-        check_key_window_run(spec, config.split, policy)
-        return key_window_stream(events.select(*input_columns(spec)), spec, config.strategy, config.partitions, config.window_ms,
-                                 policy, config.assignment, store, watermark_floor_ms, initial_state)
     lookup = None
     if spec.key_lookup is not None:  # the executors read the lookup map from the run's Redis
         from keyshift.settings import Settings
 
         lookup = (config.redis_url or Settings().redis_url, config.topic)
-    partials = events.select(*input_columns(spec)).mapInArrow(
-        local_merge_function(
-            spec,
-            config.strategy, config.partitions, config.window_ms, config.assignment,
-            store,
-            config.split,
-            lookup,
-        ),
-        partial_schema(spec),
+    if spec.key_windows:
+        from keyshift.processing.key_window_stream import check_key_window_run, key_window_stream
+
+        check_key_window_run(spec, config.split, policy)
+        rows_of, row_schema = None, events_schema(spec)
+        event_times_of = event_times_of_events(spec)
+    else:
+        rows_of = partials_function(spec, config.strategy, config.partitions, config.window_ms, config.assignment, store, config.split)
+        row_schema, event_times_of = partial_schema(spec), event_times_of_partials
+    staged = kafka_rows.select("key", "value", "partition", "offset").mapInArrow(
+        ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
     )
+    rows = (
+        # per-key modes: Spark's watermark is the fallback every key's watermark stays above
+        staged.withWatermark(EVENT_TS_COLUMN, f"{policy.spark_delay_ms} milliseconds")
+        # Markers must pass the watermark operator before they are dropped; Spark pushes a filter
+        # below EventTimeWatermark unless it references the event-time column, so this one does.
+        .where(~(F.col(CONTROL_COLUMN) & F.col(EVENT_TS_COLUMN).isNotNull()))
+        .drop(EVENT_TS_COLUMN, CONTROL_COLUMN)
+    )
+    if spec.key_windows:
+        return key_window_stream(rows, spec, config.strategy, config.partitions, config.window_ms,
+                                 policy, config.assignment, store, watermark_floor_ms, initial_state)
     return (
-        partials.groupBy("token")
+        rows.groupBy("token")
         .transformWithStateInPandas(
             statefulProcessor=KeyedWindowProcessor(spec, slot_tokens(config.partitions), config.window_ms, watermark_floor_ms, policy),
             outputStructType=output_schema(spec),

@@ -16,13 +16,13 @@ columns come from the job's spec (`keyshift.processing.spec.JobSpec`).
 A spec with `keep`: the records its rule left out (reason `FILTERED`) become one row per Kafka
 partition of the chunk, `count` = how many, in the dead-letter lane (reason `filtered`, first
 offset), so the processor counts them as processed and the sink as filtered, without one row per
-record crossing the shuffle. A spec with `key_lookup`: the key is looked up first
-(`keyshift.processing.key_lookup`), which may turn records into dead letters.
+record crossing the shuffle. A spec with `key_lookup`: the key has been looked up before
+(`keyshift.processing.ingest`, with `keyshift.processing.key_lookup`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -213,7 +213,7 @@ def partials_of(
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
-def local_merge_function(
+def partials_function(
     spec: JobSpec,
     strategy_name: str,
     partitions: int,
@@ -221,10 +221,10 @@ def local_merge_function(
     assignment: dict[str, int] | None = None,
     store: tuple[str, str] | None = None,
     split: Mapping[str, Sequence[int]] | None = None,
-    lookup: tuple[str, str] | None = None,
 ):
-    """The `mapInArrow` function: a Spark partition of parsed records -> its partials
-    (`partials_arrow`, rows of `partial_schema(spec)`).
+    """Local Merge as the engine's ingest stage runs it (`keyshift.processing.ingest`): a
+    function from one Spark partition's ingested events (a table of `input_columns(spec)`) to
+    its partials (`partials_arrow`, a table of `arrow_partial_schema(spec)`).
 
     The Kafka source gives each Spark partition one Kafka partition's slice of the micro-batch,
     so every event of a partial shares its `kafka_partition`; the slice (at most
@@ -233,36 +233,23 @@ def local_merge_function(
 
     With `assignment` (key -> slot, a learned strategy's map read from Redis at job start) and
     `store` ((redis_url, assignment name) for keys it lacks), slots come from that shared
-    assignment instead of a rule the executor computes itself. With `split` (hot_split: key ->
-    its slots, two or more), a split key's events are spread over its slots by `row_tokens`; the
-    sink merges the key's windows from those slots before writing them. With `lookup`
-    ((redis_url, input topic), for a spec with `key_lookup`), the key is looked up first in the
-    worker's cached copy of the map (`keyshift.processing.key_lookup.lookup_keys`).
-
-    Raises:
-        ConfigurationError: a `key_lookup` spec without `lookup`.
+    assignment instead of a rule the executor computes itself; the lookup is built on the
+    worker, at the first call. With `split` (hot_split: key -> its slots, two or more), a split
+    key's events are spread over its slots by `row_tokens`; the sink merges the key's windows
+    from those slots before writing them.
     """
-    if spec.key_lookup is not None and lookup is None:
-        from keyshift.errors import ConfigurationError
+    placement: list = []
+    schema = arrow_partial_schema(spec)
 
-        raise ConfigurationError(f"job {spec.name} looks its key up in Redis: Local Merge needs (redis_url, topic)")
-
-    def merge(chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        if assignment is not None:
-            token_of, tokens = assignment_token_lookup(assignment, partitions, *store)
-        else:
-            token_of, tokens = token_lookup(strategy_name, partitions)
-        split_tokens = {key: tokens[list(slots)] for key, slots in (split or {}).items()}
-        batches = [chunk for chunk in chunks if chunk.num_rows]
-        if batches:
-            schema = arrow_partial_schema(spec)
-            events = pa.Table.from_batches(batches)
-            if spec.key_lookup is not None:
-                from keyshift.processing.key_lookup import lookup_keys, worker_cache
-
-                events = lookup_keys(events, spec, worker_cache(lookup[0], spec.key_lookup, lookup[1]))
-            table = partials_arrow(events, spec, token_of, tokens, window_ms, split_tokens, schema)
-            yield from table.to_batches()
+    def merge(events: pa.Table) -> pa.Table:
+        if not placement:
+            if assignment is not None:
+                token_of, tokens = assignment_token_lookup(assignment, partitions, *store)
+            else:
+                token_of, tokens = token_lookup(strategy_name, partitions)
+            placement.append((token_of, tokens, {key: tokens[list(slots)] for key, slots in (split or {}).items()}))
+        token_of, tokens, split_tokens = placement[0]
+        return partials_arrow(events, spec, token_of, tokens, window_ms, split_tokens, schema)
 
     return merge
 
@@ -310,7 +297,7 @@ def partials_arrow(
 
     The event lists are Arrow list arrays over the sorted columns (one `take` per column and an
     offsets array), not one Python object per partial, which is what made Local Merge cost about
-    as much as parsing. Used by `local_merge_function`; `partials_of` stays the readable
+    as much as parsing. Used by `partials_function`; `partials_of` stays the readable
     definition both are tested against.
 
     Args:

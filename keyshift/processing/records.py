@@ -1,5 +1,10 @@
 """Job records: the JSON value a producer writes, its Spark schema, parsing and validation.
 
+The rules below are what a job's records must satisfy. A running job applies them in its ingest
+stage (`keyshift.processing.ingest`, Python, on the raw bytes); `validate_records` here states
+them as Spark expressions, the reference the ingest stage is tested against record by record,
+also used by the demo's built-in comparison job (`keyshift.processing.builtin`).
+
 A record is one event as a JSON object whose fields a job's spec lists
 (`keyshift.processing.spec.JobSpec.fields`), Kafka key = the key field (UTF-8). For the flights
 (`keyshift.jobs.flight_delays`): `{"event_id": 17, "origin": "ORD", "destination": "LGA",
@@ -11,8 +16,8 @@ and extreme delays are real. Each rejected record gets one reason, the first rul
 this order (`REASONS` lists them):
 
 1. `empty value`: no value (a tombstone), zero bytes, or only JSON whitespace;
-2. `invalid UTF-8`: the bytes are not UTF-8 (checked in Spark, before any string can reach
-   Arrow or pandas: the value of such a record never becomes a string column);
+2. `invalid UTF-8`: the bytes are not UTF-8 (checked before any string column is made of them:
+   the value of such a record never becomes a string);
 3. `malformed JSON`: not strict JSON (RFC 8259, as Spark's `try_parse_json` reads it): garbage,
    a truncated object, NaN or Infinity, a duplicated field name, a lone UTF-16 surrogate escape;
    also an object followed by more text that does not end in `}` (Spark's parsers stop after the
@@ -162,20 +167,22 @@ def _value_reason(spec: JobSpec, key: Column, parsed: Column) -> Column:
             reason = reason.when(parsed[f.name] < 0, F.lit(f"negative {f.name}"))
     if spec.key_lookup is None:  # a looked-up key is checked where it is looked up
         key_name = next(f.name for f in spec.fields if f.col == spec.key)
-        matches = key.isNotNull() & (key == F.encode(parsed[key_name], "UTF-8"))
+        # the Kafka key's bytes against the field's UTF-8 bytes: a binary-to-string cast copies
+        # no byte and string equality is bytewise (UTF8_BINARY), so no encoded copy is made
+        matches = key.isNotNull() & (key.cast("string") == parsed[key_name])
         reason = reason.when(~matches, F.lit(key_mismatch(spec)))
     # from_json agrees with the strict parse on every record that got this far; kept as a guard
     return reason.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit(MALFORMED_JSON))
 
 
-_JAVA_JSON_WHITESPACE = r"[ \t\r\n]*"
+_JAVA_JSON_WHITESPACE = r"[ \t\r\n]*+"
 _JAVA_JSON_VALUE = {
     # a JSON integer of at most 18 digits: always inside the 64-bit range; `-0` is left to the
     # strict path
-    "bigint": r"(?:0|-?[1-9][0-9]{0,17})",
+    "bigint": r"(?:0|-?[1-9][0-9]{0,17}+)",
     # a JSON string without escapes: RFC 8259's unescaped characters are U+0020-U+10FFFF but
     # '"' and '\\' (the bytes are valid UTF-8 by then, so no lone surrogate can appear)
-    "string": r'"[^"\\\x00-\x1F]*"',
+    "string": r'"[^"\\\x00-\x1F]*+"',
 }
 
 

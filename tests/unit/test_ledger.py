@@ -96,3 +96,17 @@ def test_a_malformed_failpoint_is_refused(monkeypatch):
     monkeypatch.setenv(FAILPOINT_ENV, "sink.after_outputs")
     with pytest.raises(ValueError, match="NAME@BATCH_ID"):
         armed()
+
+
+def test_end_of_input_markers_go_out_once_the_next_batch_can_take_the_rest_and_them():
+    from keyshift.processing.driver import _input_reached, _marker_room
+
+    target = {0: 100, 1: 50}
+    room = _marker_room(20, 2)  # 20 records per batch, 2 of them markers
+    assert room == 18
+    assert not _input_reached(target, {}, {0: 80, 1: 40}, room)  # 30 left: another full batch first
+    assert _input_reached(target, {}, {0: 90, 1: 42}, room)  # 18 left: they and the 2 markers fit
+    assert _input_reached(target, {0: 100, 1: 50}, {}, room)  # consumed to the end
+    assert not _input_reached(target, {}, {}, room)  # nothing planned yet
+    assert _input_reached(target, {}, {0: 1, 1: 1}, _marker_room(None, 2))  # no limit per batch
+    assert not _input_reached(target, {}, {0: 99, 1: 50})  # the default: the end itself
