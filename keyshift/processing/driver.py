@@ -724,7 +724,14 @@ def _publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, confi
     watermark, last batch time."""
     base = int(segment["batch_base"])
     new = False
-    for progress in query.recentProgress:
+    # polled ten times a second: ask for the last progress only (one record over py4j), and for
+    # every retained one (up to spark.sql.streaming.numRecentProgressUpdates) only when a batch
+    # was missed in between
+    latest = query.lastProgress
+    if latest is None or latest.batchId in seen:
+        return False
+    progresses = [latest] if latest.batchId - 1 in seen or latest.batchId == 0 else query.recentProgress
+    for progress in progresses:
         record = json.loads(progress.json)
         batch_id = record["batchId"]
         if batch_id in seen:
