@@ -1,10 +1,14 @@
-"""The same hourly windows by Spark's built-in streaming aggregation: the yardstick.
+"""The same hourly windows by the plain Spark job a user would write: the yardstick of the demo.
 
-`groupBy(window(event_ts, "1 hour"), origin).agg(count, sum, max)` with the same watermark bound
-over the same topic and offsets as a flight delay run, in append mode. The demo runs it after the
-job to compare speed (events/s) and to check that both produce the same windows. Spark's built-in
-aggregation drops late events silently (they are not counted here); the comparison is meaningful
-when the keyshift run had no late events.
+The demo runs, after its keyshift run, the baseline of `keyshift bench throughput`
+(`keyshift.bench.plain_job.plain_windows`: `from_json` with the record schema, rows without
+origin or time dropped, `withWatermark`, `groupBy(window(ts, "1 hour"), origin).agg(count, sum,
+max)`, append mode) over the same topic and offsets, to compare speed (events/s) and to check
+that both produce the same windows. For a bounded comparison two things are added to it: records
+past the compared run's end offsets are ignored, and the run's end-of-input markers move the
+watermark (without being aggregated) so that the last windows close. The plain job drops late
+events and malformed records silently (neither is counted here); the comparison is meaningful
+when the keyshift run had neither.
 """
 
 from __future__ import annotations
@@ -22,9 +26,8 @@ from pyspark.sql import functions as F
 
 from keyshift.errors import JobError
 from keyshift.eventtime.windows import HOUR_MS
-from keyshift.processing.flight_delays import run_records
-from keyshift.jobs.flight_delays import FLIGHT_DELAYS, WINDOW_COLUMNS
-from keyshift.processing.records import parse_records
+from keyshift.jobs.flight_delays import WINDOW_COLUMNS
+from keyshift.processing.records import END_OF_INPUT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ log = logging.getLogger(__name__)
 def builtin_window_stream(
     kafka_rows: DataFrame, marker_run_id: str, bound_ms: int, end_offsets: dict[int, int] | None = None, window_ms: int = HOUR_MS
 ) -> DataFrame:
-    """Hourly windows per origin by Spark's built-in aggregation (append mode).
+    """Hourly windows per origin by the plain job's query (module docstring), append mode.
 
     Args:
         kafka_rows: Kafka source rows of the flights topic.
@@ -42,31 +45,19 @@ def builtin_window_stream(
 
     Returns:
         A streaming DataFrame with origin, window_start, window_end (timestamps), count,
-        sum_delay_min, max_delay_min; dead letters are excluded.
+        sum_delay_min, max_delay_min; malformed records are dropped.
     """
-    parsed = run_records(parse_records(kafka_rows, FLIGHT_DELAYS), marker_run_id, end_offsets)
-    kept = parsed.where(F.col("dead_letter_reason").isNull() | F.col("is_control")).withColumn(
-        "event_ts", F.timestamp_millis("event_time_ms")
-    )
-    events = kept.withWatermark("event_ts", f"{bound_ms} milliseconds").where(
-        ~(F.col("is_control") & F.col("event_ts").isNotNull())
-    )
-    return (
-        events.groupBy(F.window("event_ts", f"{window_ms} milliseconds"), F.col("origin"))
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum("delay_min").alias("sum_delay_min"),
-            F.max("delay_min").alias("max_delay_min"),
-        )
-        .select(
-            "origin",
-            F.col("window.start").alias("window_start"),
-            F.col("window.end").alias("window_end"),
-            "count",
-            "sum_delay_min",
-            "max_delay_min",
-        )
-    )
+    from keyshift.bench.plain_job import plain_windows
+
+    text = F.col("value").cast("string")
+    marker = F.coalesce(text.startswith(END_OF_INPUT_PREFIX) & (F.get_json_object(text, "$.run_id") == F.lit(marker_run_id)),
+                        F.lit(False))
+    rows = kafka_rows
+    if end_offsets:
+        limit = F.create_map(*[F.lit(v) for p, o in sorted(end_offsets.items()) for v in (int(p), int(o))])
+        in_range = F.col("offset") < F.coalesce(F.element_at(limit, F.col("partition")), F.lit(0).cast("long"))
+        rows = rows.where(marker | (~F.coalesce(text.startswith(END_OF_INPUT_PREFIX), F.lit(False)) & in_range))
+    return plain_windows(rows, f"{bound_ms} milliseconds", f"{window_ms} milliseconds", closing=marker)
 
 
 def run_builtin_windows(

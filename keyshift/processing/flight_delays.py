@@ -156,27 +156,6 @@ class FlightDelayJobConfig:
         return PlausibilityLimits(self.max_ahead_ms, self.max_behind_ms, self.reference_min_events)
 
 
-def run_records(parsed: DataFrame, run_id: str, end_offsets: dict[int, int] | None) -> DataFrame:
-    """Keep the records of one run: its events and its own end-of-input markers.
-
-    Args:
-        parsed: `parse_records` or `validate_records` output (needs kafka_partition, kafka_offset, is_control,
-            control_run_id).
-        run_id: markers of other runs (same topic, earlier or concurrent runs) are dropped, so
-            they cannot move this run's watermark.
-        end_offsets: partition -> first offset past the run's input; None keeps every event.
-
-    Returns:
-        `parsed` filtered; never counted as events read, since the filter precedes the processor.
-    """
-    own_marker = F.col("is_control") & (F.col("control_run_id") == F.lit(run_id))
-    if not end_offsets:
-        return parsed.where(~F.col("is_control") | own_marker)
-    limit = F.create_map(*[F.lit(v) for p, o in sorted(end_offsets.items()) for v in (int(p), int(o))])
-    in_range = F.col("kafka_offset") < F.coalesce(F.element_at(limit, F.col("kafka_partition")), F.lit(0).cast("long"))
-    return parsed.where(own_marker | (~F.col("is_control") & in_range))
-
-
 def default_checkpoint_dir(run_id: str) -> Path:
     """`runs/<run_id>/checkpoint` under the default settings' runs folder, where
     `keyshift.processing.driver.run_flight_delays` puts a run's checkpoint."""

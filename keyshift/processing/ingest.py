@@ -7,8 +7,7 @@ it:
 
 1. keeps the run's own records (`keep_own_records`): its events below the run's end offsets and
    its own end-of-input markers (`keyshift.processing.records.END_OF_INPUT_PREFIX`); other runs'
-   markers and records past the end are dropped uncounted, as
-   `keyshift.processing.flight_delays.run_records` defines;
+   markers and records past the end (a later replay into the same topic) are dropped uncounted;
 2. validates every record by the rules of `keyshift.processing.records` (module docstring, rules
    1 to 7, same reasons in the same order): a record in the spec's canonical shape (the fields in
    the spec's order, each once, integers of at most 18 digits, strings without escapes: what
