@@ -144,7 +144,7 @@ def run_demo(
         start = summary["start_offsets"]
         start = start if isinstance(start, str) else {int(p): o for p, o in start.items()}
         source = read_kafka(spark, settings, topic, start, max_offsets_per_trigger)
-        log.info("demo %s: running Spark's built-in window aggregation on the same records", run_id, extra=STEP)
+        log.info("demo %s: running the plain Spark job (built-in window aggregation, keyshift bench throughput's baseline) on the same records", run_id, extra=STEP)
         end = {int(p): o for p, o in summary["end_offsets"].items()}
         result = run_builtin_windows(source, recorder.run_dir / "builtin_windows", run_id, builtin_bound_ms, END_OF_INPUT_EVENT_TIME_MS, end)
         result["bound_ms"] = builtin_bound_ms
