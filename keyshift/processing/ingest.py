@@ -11,9 +11,9 @@ it:
 2. validates every record by the rules of `keyshift.processing.records` (module docstring, rules
    1 to 7, same reasons in the same order): a record in the spec's canonical shape (the fields in
    the spec's order, each once, integers of at most 18 digits, strings without escapes: what
-   keyshift's producers write) is parsed by one RE2 regular expression with a capture group per
-   field (`canonical_pattern`, pyarrow's `extract_regex`) and judged by the value rules 6 and 7
-   vectorized; every other record takes the strict path, `keyshift.processing.strict_records`;
+   keyshift's producers write) is recognized by one RE2 regular expression (`canonical_pattern`,
+   pyarrow's `match_substring_regex`), its values are taken from fixed pieces of it split at its
+   double quotes (`canonical_fields`), and it is judged by the value rules 6 and 7 vectorized; every other record takes the strict path, `keyshift.processing.strict_records`;
 3. applies the spec's `keep` rule (`FILTERED`);
 4. judges event-time plausibility (`keyshift.eventtime.plausibility.implausible_reasons`) over
    the chunk's valid events, against the batch's watermark and timestamp from the offset log.
@@ -55,10 +55,10 @@ from pyspark.sql import types as T
 
 from keyshift.eventtime.plausibility import BatchReference, PlausibilityLimits, _batch_reference, implausible_reasons
 from keyshift.processing.records import (
-    END_OF_INPUT_PREFIX, FILTERED, INVALID_UTF8, MAX_CODE_BYTES, key_mismatch, record_columns,
+    END_OF_INPUT_PREFIX, FILTERED, MAX_CODE_BYTES, key_mismatch, record_columns,
 )
 from keyshift.processing.spec import JobSpec
-from keyshift.processing.strict_records import control_marker, strict_record
+from keyshift.processing.strict_records import control_marker, java_utf8_decode, strict_record
 
 EVENT_TS_COLUMN = "event_ts"
 """The column Spark's watermark is taken over: the largest event time a row holds (timestamp)."""
@@ -228,27 +228,28 @@ def keep_own_records(partitions: np.ndarray, offsets: np.ndarray, is_control: np
     return own_marker | events
 
 
-def _utf8_text(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """The values as a string array (NULL where absent or not UTF-8) and a bool array of which
-    are valid UTF-8 (a NULL value counts as valid: it has no bytes)."""
+def _utf8_text(values: pa.Array) -> pa.Array:
+    """The values as a string array, NULL where absent or not UTF-8 (such a value never becomes
+    a string: the strict path gives it its reason, `invalid UTF-8`)."""
     text = pc.cast(values, options=pc.CastOptions(pa.string(), allow_invalid_utf8=True))
     try:
         text.validate(full=True)
-        return text, np.ones(len(values), bool)
+        return text
     except pa.ArrowInvalid:
-        ok = np.array([v is None or _is_utf8(v) for v in values.to_pylist()], dtype=bool)
-        return pc.if_else(pa.array(ok), text, pa.scalar(None, pa.string())), ok
+        ok = pa.array([v is None or _is_utf8(v) for v in values.to_pylist()], pa.bool_())
+        return pc.if_else(ok, text, pa.scalar(None, pa.string()))
 
 
 def _claimed_keys(keys: pa.Array) -> pa.Array:
     """Kafka keys as text (a `key_lookup` spec's claimed key): UTF-8, a key that is not UTF-8
-    decoded with U+FFFD for its bad bytes (so it matches no looked-up key), NULL for none."""
+    decoded as the strict path and Spark's cast decode it (U+FFFD for its bad bytes, so it
+    matches no looked-up key), NULL for none."""
     text = pc.cast(keys, options=pc.CastOptions(pa.string(), allow_invalid_utf8=True))
     try:
         text.validate(full=True)
         return text
     except pa.ArrowInvalid:
-        return pa.array([k if k is None else k.decode("utf-8", errors="replace") for k in keys.to_pylist()], pa.string())
+        return pa.array([k if k is None else java_utf8_decode(k) for k in keys.to_pylist()], pa.string())
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -287,7 +288,7 @@ class RecordIngest:
         values, keys = batch.column("value"), batch.column("key")
         partitions = batch.column("partition").to_numpy(zero_copy_only=False).astype(np.int64)
         offsets = batch.column("offset").to_numpy(zero_copy_only=False).astype(np.int64)
-        text, utf8 = _utf8_text(values)
+        text = _utf8_text(values)
         is_control = np.asarray(pc.fill_null(pc.starts_with(text, END_OF_INPUT_PREFIX), False), dtype=bool)
         markers: list[Marker] = []
         own_marker = np.zeros(n, bool)
@@ -302,15 +303,15 @@ class RecordIngest:
         keep = keep_own_records(partitions, offsets, is_control, own_marker, self.context.end_offsets) & ~is_control
         if not keep.all():
             rows = pa.array(keep)
-            values, keys, text, utf8 = values.filter(rows), keys.filter(rows), text.filter(rows), utf8[keep]
+            values, keys, text = values.filter(rows), keys.filter(rows), text.filter(rows)
             partitions, offsets = partitions[keep], offsets[keep]
-        columns, reasons = self._validate(keys, values, text, utf8)
+        columns, reasons = self._validate(keys, values, text)
         self._judge_plausibility(columns, reasons)
         arrays = [columns[c] for c in self.columns]
         arrays += [pa.array(reasons, pa.string()), pa.array(partitions.astype(np.int32)), pa.array(offsets), values, keys]
         return pa.Table.from_arrays(arrays, schema=self.schema), markers
 
-    def _validate(self, keys: pa.Array, values: pa.Array, text: pa.Array, utf8: np.ndarray) -> tuple[dict[str, pa.Array], np.ndarray]:
+    def _validate(self, keys: pa.Array, values: pa.Array, text: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray]:
         """Rules 1 to 7 and `keep` (module docstring): the record columns (NULL for a rejected
         record) and an object array of reasons (None for a valid record)."""
         spec, n = self.spec, len(values)
@@ -328,7 +329,7 @@ class RecordIngest:
         if spec.key_lookup is not None:  # the key the producer claims, checked after the lookup
             columns[spec.key] = _claimed_keys(keys)
         if not canonical.all():
-            columns = self._strict(columns, keys, values, utf8, canonical, reasons)
+            columns = self._strict(columns, keys, values, canonical, reasons)
         if self.keep_values is not None:
             kept = np.asarray(pc.fill_null(pc.is_in(columns[self.keep_col], value_set=self.keep_values), False), dtype=bool)
             reasons[(reasons == None) & ~kept] = FILTERED  # noqa: E711 (elementwise on an object array)
@@ -356,7 +357,7 @@ class RecordIngest:
         for reason, broken in reversed(rules):  # the first rule broken wins
             reasons[np.asarray(pc.fill_null(broken, False), dtype=bool)] = reason
 
-    def _strict(self, columns: dict[str, pa.Array], keys: pa.Array, values: pa.Array, utf8: np.ndarray,
+    def _strict(self, columns: dict[str, pa.Array], keys: pa.Array, values: pa.Array,
                 canonical: np.ndarray, reasons: np.ndarray) -> dict[str, pa.Array]:
         """The records that are not canonical, by `keyshift.processing.strict_records`: their
         reasons into `reasons` and their fields into the columns (returned)."""
@@ -365,9 +366,6 @@ class RecordIngest:
         key_list, value_list = keys.take(pa.array(rows)).to_pylist(), values.take(pa.array(rows)).to_pylist()
         found: dict[str, list] = {c: [None] * len(rows) for c in columns}
         for j, (key, raw) in enumerate(zip(key_list, value_list)):
-            if not utf8[rows[j]]:
-                reasons[rows[j]] = INVALID_UTF8
-                continue
             reason, fields = strict_record(spec, key, raw)
             reasons[rows[j]] = reason
             if fields is not None:

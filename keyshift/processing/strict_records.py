@@ -676,15 +676,20 @@ def _render(node: tuple) -> str:
     return {True: "true", False: "false", None: "null"}[item]
 
 
-def _marker_run_id(text: str) -> str | None:
-    """Spark's `get_json_object(text, '$.run_id')` for a marker's text."""
+def _lenient_members(text: str, control_chars: bool, non_numeric: bool) -> list | None:
+    """The (name, node) members of the object `text` starts with, read by `_Lenient` with these
+    leniencies; None when it does not parse or its first value is not an object."""
     try:
-        root = _Lenient(text, control_chars=True, non_numeric=False).value(0)
+        root = _Lenient(text, control_chars=control_chars, non_numeric=non_numeric).value(0)
     except (ValueError, RecursionError):
         return None
-    if root[0] != "obj":
-        return None
-    for name, node in root[1]:
+    return root[1] if root[0] == "obj" else None
+
+
+def _marker_run_id(text: str) -> str | None:
+    """Spark's `get_json_object(text, '$.run_id')` for a marker's text."""
+    members = _lenient_members(text, control_chars=True, non_numeric=False)
+    for name, node in members or ():
         if name == "run_id" and node != ("lit", None):  # a null value does not match; the next may
             if node[0] == "str":  # printed raw: a lone surrogate fails the UTF-8 output
                 return None if _SURROGATE.search(node[1]) else node[1]
@@ -695,14 +700,11 @@ def _marker_run_id(text: str) -> str | None:
 def _marker_event_time(text: str, name: str) -> int | None:
     """Spark's `from_json` long field `name` of a marker's text: the last value given that
     converts (a JSON integer in range, or null), None when the text does not parse."""
-    try:
-        root = _Lenient(text, control_chars=False, non_numeric=True).value(0)
-    except (ValueError, RecursionError):
-        return None
-    if root[0] != "obj":
+    members = _lenient_members(text, control_chars=False, non_numeric=True)
+    if members is None:
         return None
     result = None
-    for field, (kind, item) in root[1]:
+    for field, (kind, item) in members:
         if field == name:
             if kind == "lit" and item is None:
                 result = None
