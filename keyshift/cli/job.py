@@ -19,6 +19,7 @@ from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, Water
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs import job_names
 from keyshift.names import FLIGHTS_TOPIC
+from keyshift.processing.exchange import EXCHANGES
 from keyshift.processing.flight_delays import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
 
@@ -51,6 +52,13 @@ def flight_delay_options(function):
                      help="Per-key modes: no key's watermark stays further than this behind the stream's max event time (ms)."),
         click.option("--key-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=WatermarkPolicy.idle_timeout_s,
                      show_default=True, help="timeout fallback: seconds without events after which a key closes its windows."),
+        click.option("--exchange", type=click.Choice(EXCHANGES), default="local_merge", show_default=True,
+                     help="How events reach a key's windows (paper 000 §4.3): local_merge (partials per key and window "
+                          "before the shuffle), plain (every event crosses the shuffle) or global_merge (no shuffle; "
+                          "each task merges into one window state in Redis; global watermark only)."),
+        click.option("--emit", default="batch", show_default=True, metavar="batch|window|count:N",
+                     help="Local Merge's emit mode: batch (a task's whole slice), window (a key's partial ends at its "
+                          "window boundary) or count:N (a partial per N events of the slice)."),
         click.option("--window-ms", type=click.IntRange(min=1), default=None, show_default=f"the job's ({HOUR_MS} for the flights)",
                      help="Window size, ms of event time (a key-window job slides by its spec's slide_ms)."),
         click.option("--topic", default=None, show_default=f"the job's ({FLIGHTS_TOPIC} for the flights)", help="Input topic."),
@@ -112,6 +120,8 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         idle_fallback=options["idle_fallback"],
         idle_lag_ms=options["idle_lag_ms"],
         key_idle_timeout_s=options["key_idle_timeout"],
+        exchange=options["exchange"],
+        emit=options["emit"],
     )
     return run_flight_delays(Settings(), config, starting=options["starting"], driver_log=driver_log, progress=progress)
 

@@ -490,6 +490,7 @@ def run_flight_delays(
     if resume:
         config, start, replay = load_job_record(run_dir)
     check_job_strategy(config.strategy)
+    config.check_exchange()
     require(settings, "kafka", "redis")  # one line naming the fix, before anything starts
     if not resume:
         _kafka_offsets(settings, config.topic)  # a missing topic: one line naming the fix
@@ -546,6 +547,8 @@ def run_flight_delays(
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
         if config.spec.key_windows:
             pending = kept_events(spark, checkpoint)
+        elif config.exchange == "global_merge":
+            pending = _global_merge_state(settings, config).pending_events()
         else:
             pending = pending_events(spark, checkpoint, aggregates=len(config.spec.aggregates)) + (sink.pieces.held_events() if sink.pieces is not None else 0)
         _, consumed = committed_batches(checkpoint, config.topic)
@@ -599,8 +602,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
 
     control = SwitchControl.from_settings(settings, config.run_id)
     record = control.pending()
-    if record is not None and spec.key_windows:
-        record = _refuse_switch(control, record, spec.name)
+    if record is not None and (spec.key_windows or config.exchange == "global_merge"):
+        record = _refuse_switch(control, record, spec.name, config.exchange)
     if record is not None and step_index(record["step"]) < step_index("segment"):
         # a switch asked for, or cut short before its commit point: the old checkpoint is at
         # rest and nothing is published, so do it now, before the old query starts again
@@ -633,7 +636,18 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
         )
         query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
-        query = stream.writeStream.foreachBatch(sink).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
+        batch_function = sink
+        if config.exchange == "global_merge":
+            from keyshift.placement.tokens import slot_tokens
+            from keyshift.processing.global_merge import GlobalMergeSink
+
+            state = _global_merge_state(settings, config)
+            if not (checkpoint / "offsets").exists():
+                state.clear()  # a new run: nothing of an earlier run under this id may count
+            batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.watermark_policy.spark_delay_ms,
+                                             seg_config.window_ms, slot_tokens(seg_config.partitions),
+                                             int(segment.get("watermark_floor_ms") or 0))
+        query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
         task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions)
         if record is not None and record.get("switch_id") == segment.get("switch_id") and record.get("state") not in ("done", "failed", "rolled_back"):
             record["query_started_at"] = time.time()
@@ -655,8 +669,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                            switching, lambda rec: in_driver.verify_and_finish(
                                spark, settings, run_dir, segment, rec, control, variables, time.time(),
                                _conservation(spark, run_dir, segments, sink)))
-            while spec.key_windows and watch.get("outcome") == "switch":  # refused; the query goes on
-                _refuse_switch(control, watch.pop("switch_record"), spec.name)
+            while (spec.key_windows or config.exchange == "global_merge") and watch.get("outcome") == "switch":  # refused; goes on
+                _refuse_switch(control, watch.pop("switch_record"), spec.name, config.exchange)
                 watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
                                None, None)
         except JobError as exc:
@@ -683,15 +697,30 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         record = control.current()
 
 
-def _refuse_switch(control, record: dict[str, Any], job: str) -> None:
-    """End a switch asked of a key-window job as failed, with the reason; returns None (no switch).
+def _global_merge_state(settings: Settings, config: FlightDelayJobConfig):
+    """The run's `keyshift.processing.global_merge.GlobalMergeState`."""
+    import redis
+
+    from keyshift.processing.global_merge import GlobalMergeState
+
+    return GlobalMergeState(redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=60), config.run_id, config.spec)
+
+
+def _refuse_switch(control, record: dict[str, Any], job: str, exchange: str = "local_merge") -> None:
+    """End a switch asked of a key-window job or of a `global_merge` run as failed, with the
+    reason; returns None (no switch). A global_merge run keeps its windows in Redis whatever the
+    placement, so there is no state to move: restart its producers with the new strategy instead.
 
     Key windows have no switch yet: `KeyWindowProcessor` declares its state
     (`KEY_WINDOW_STATE_VARIABLES`) and restores it from `initialState`, but the switch's
     conservation check and pending count read the tumbling state. `keyshift.migration.switch.
     request_switch` refuses such a run up front (ConfigurationError); this catches a request
     written to Redis by other means."""
-    reason = f"job {job} computes key windows; switching a key-window job is not supported (restart it with another strategy instead)"
+    if exchange == "global_merge":
+        reason = (f"run of job {job} uses the global_merge exchange: its windows are in Redis whatever the placement, so a switch "
+                  "has no state to move (re-place the producers instead)")
+    else:
+        reason = f"job {job} computes key windows; switching a key-window job is not supported (restart it with another strategy instead)"
     log.warning("run %s: switch %s refused: %s", control.run_id, record.get("switch_id"), reason)
     control.conclude(record, "failed", error=reason)
     return None

@@ -39,6 +39,7 @@ from keyshift.processing.ingest import (
     CONTROL_COLUMN, EVENT_TS_COLUMN, IngestContext, event_times_of_events, event_times_of_partials, events_schema, ingest_function,
     stage_schema,
 )
+from keyshift.processing.exchange import check_exchange, parse_emit
 from keyshift.processing.local_merge import partial_schema, partials_function
 from keyshift.processing.processor import KeyedWindowProcessor, output_schema
 from keyshift.processing.spec import JobSpec
@@ -109,6 +110,11 @@ class FlightDelayJobConfig:
             this (ms of event time); default two days.
         key_idle_timeout_s: `timeout` fallback: seconds of processing time without events after
             which a key closes all its windows.
+        exchange: how events reach a key's windows (`keyshift.processing.exchange.EXCHANGES`):
+            `local_merge` (default), `plain` (every event crosses the shuffle) or `global_merge`
+            (no shuffle; windows merged in Redis, `keyshift.processing.global_merge`).
+        emit: Local Merge's emit mode, `batch` (default), `window` or `count:N`
+            (`keyshift.processing.exchange`); ignored by `plain`.
     """
 
     run_id: str
@@ -134,6 +140,8 @@ class FlightDelayJobConfig:
     idle_fallback: str = WatermarkPolicy.idle_fallback
     idle_lag_ms: int = WatermarkPolicy.idle_lag_ms
     key_idle_timeout_s: float = WatermarkPolicy.idle_timeout_s
+    exchange: str = "local_merge"
+    emit: str = "batch"
 
     @property
     def spec(self) -> JobSpec:
@@ -149,6 +157,22 @@ class FlightDelayJobConfig:
             mode=self.watermark, bound_ms=self.bound_ms, groups=self.watermark_groups, idle_fallback=self.idle_fallback,
             idle_lag_ms=self.idle_lag_ms, idle_timeout_s=self.key_idle_timeout_s,
         )
+
+    def check_exchange(self) -> None:
+        """Check `exchange` and `emit` against the job and the watermark mode.
+
+        Raises:
+            ConfigurationError: an unknown exchange or emit mode; `global_merge` with a per-key
+                watermark mode or a key-window job; `plain`/`global_merge` are for tumbling jobs.
+        """
+        check_exchange(self.exchange)
+        parse_emit(self.emit)
+        if self.exchange != "local_merge" and self.spec.key_windows:
+            raise ConfigurationError(f"job {self.job} computes key windows, which take events one by one; "
+                                     f"exchange {self.exchange!r} is for tumbling-window jobs")
+        if self.exchange == "global_merge" and self.watermark != "global":
+            raise ConfigurationError(f"exchange global_merge closes windows on the global watermark; "
+                                     f"watermark mode {self.watermark!r} keeps per-key clocks in the processor's state")
 
     @property
     def plausibility(self) -> PlausibilityLimits:
@@ -188,10 +212,13 @@ def flight_delay_stream(
     Returns:
         A streaming DataFrame of processor output rows, append mode: `output_schema(config.spec)`
         for a tumbling spec; for a key-window spec (`config.spec.key_windows`) the rows of
-        `keyshift.processing.key_window_stream.key_window_stream`.
+        `keyshift.processing.key_window_stream.key_window_stream`. With `exchange` =
+        `global_merge`: the ingest stage's rows after the watermark, markers kept, for
+        `keyshift.processing.global_merge.GlobalMergeSink` (no stateful operator).
 
     Raises:
-        ConfigurationError: a key-window job with split keys or the `timeout` idle fallback.
+        ConfigurationError: a key-window job with split keys or the `timeout` idle fallback; an
+            exchange the run cannot use (`FlightDelayJobConfig.check_exchange`).
 
     The watermark column is dropped before the stateful operator on purpose: the processor itself
     decides lateness per event (window end <= watermark) and sends late events to a side output,
@@ -216,11 +243,16 @@ def flight_delay_stream(
         rows_of, row_schema = None, events_schema(spec)
         event_times_of = event_times_of_events(spec)
     else:
-        rows_of = partials_function(spec, config.strategy, config.partitions, config.window_ms, config.assignment, store, config.split)
+        config.check_exchange()
+        emit = None if config.exchange == "plain" else parse_emit(config.emit)
+        rows_of = partials_function(spec, config.strategy, config.partitions, config.window_ms, config.assignment, store, config.split,
+                                    emit)
         row_schema, event_times_of = partial_schema(spec), event_times_of_partials
     staged = kafka_rows.select("key", "value", "partition", "offset").mapInArrow(
         ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
     )
+    if config.exchange == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.global_merge)
+        return staged.withWatermark(EVENT_TS_COLUMN, f"{policy.spark_delay_ms} milliseconds")
     rows = (
         # per-key modes: Spark's watermark is the fallback every key's watermark stays above
         staged.withWatermark(EVENT_TS_COLUMN, f"{policy.spark_delay_ms} milliseconds")

@@ -33,8 +33,13 @@ from pyspark.sql import types as T
 from keyshift.eventtime.windows import window_starts_ms
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.placement.strategies import place_events
+from keyshift.processing.exchange import Emit, merge_segments
 from keyshift.processing.records import FILTERED, parsed_columns
 from keyshift.processing.spec import JobSpec
+
+EMIT_BATCH = Emit("batch")
+"""Local Merge's default emit mode: a task's whole slice of the micro-batch at once."""
+
 
 def list_column(column: str) -> str:
     """The partial's list column carrying a payload field's value per event."""
@@ -101,21 +106,30 @@ def row_tokens(
     return place_events(key_codes, event_ids, per_key, pieces)
 
 
-def partial_groups(key_codes: np.ndarray, starts: np.ndarray, event_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """How events fall into partials: one partial per (key, window start, token).
+def partial_groups(key_codes: np.ndarray, starts: np.ndarray, event_tokens: np.ndarray,
+                   segments: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How events fall into partials: one partial per (key, window start, token), and per merge
+    segment when `segments` is given (`keyshift.processing.exchange.merge_segments`).
 
     Args:
         key_codes, starts, event_tokens: one int array each, one element per event (key index,
             window start in ms of event time, slot token).
+        segments: int array of each event's merge segment, or None (one segment).
 
     Returns:
-        (order: the events sorted by key code, window start, token; boundary: positions in
-        `order` where a new partial begins, the first excluded; first: every partial's first
+        (order: the events sorted by key code, segment, window start, token; boundary: positions
+        in `order` where a new partial begins, the first excluded; first: every partial's first
         position, 0 included).
     """
-    order = np.lexsort((event_tokens, starts, key_codes))
+    if segments is None:
+        order = np.lexsort((event_tokens, starts, key_codes))
+    else:
+        order = np.lexsort((event_tokens, starts, segments, key_codes))
     codes, begins, tokens = key_codes[order], starts[order], event_tokens[order]
-    boundary = np.flatnonzero((np.diff(codes) != 0) | (np.diff(begins) != 0) | (np.diff(tokens) != 0)) + 1
+    change = (np.diff(codes) != 0) | (np.diff(begins) != 0) | (np.diff(tokens) != 0)
+    if segments is not None:
+        change |= np.diff(segments[order]) != 0
+    boundary = np.flatnonzero(change) + 1
     return order, boundary, np.concatenate(([0], boundary))
 
 
@@ -221,6 +235,7 @@ def partials_function(
     assignment: dict[str, int] | None = None,
     store: tuple[str, str] | None = None,
     split: Mapping[str, Sequence[int]] | None = None,
+    emit: Emit | None = EMIT_BATCH,
 ):
     """Local Merge as the engine's ingest stage runs it (`keyshift.processing.ingest`): a
     function from one Spark partition's ingested events (a table of `input_columns(spec)`) to
@@ -236,7 +251,8 @@ def partials_function(
     assignment instead of a rule the executor computes itself; the lookup is built on the
     worker, at the first call. With `split` (hot_split: key -> its slots, two or more), a split
     key's events are spread over its slots by `row_tokens`; the sink merges the key's windows
-    from those slots before writing them.
+    from those slots before writing them. `emit` is the emit mode (`keyshift.processing.exchange`;
+    default `batch`, the whole slice at once); None is the `plain` exchange: one partial per event.
     """
     placement: list = []
     schema = arrow_partial_schema(spec)
@@ -249,7 +265,7 @@ def partials_function(
                 token_of, tokens = token_lookup(strategy_name, partitions)
             placement.append((token_of, tokens, {key: tokens[list(slots)] for key, slots in (split or {}).items()}))
         token_of, tokens, split_tokens = placement[0]
-        return partials_arrow(events, spec, token_of, tokens, window_ms, split_tokens, schema)
+        return partials_arrow(events, spec, token_of, tokens, window_ms, split_tokens, schema, emit)
 
     return merge
 
@@ -292,6 +308,7 @@ def partials_arrow(
     window_ms: int,
     split_tokens: Mapping[str, np.ndarray] | None = None,
     schema: pa.Schema | None = None,
+    emit: Emit | None = EMIT_BATCH,
 ) -> pa.Table:
     """`partials_of` on Arrow data: the same rows (in the same order), built without pandas.
 
@@ -304,11 +321,13 @@ def partials_arrow(
         events: a table of `input_columns(spec)` (one Spark partition's slice).
         spec, token_of, tokens, window_ms, split_tokens: as `partials_of`.
         schema: `arrow_partial_schema(spec)` (computed when None).
+        emit: the emit mode (`keyshift.processing.exchange.Emit`, default `batch`); None: one
+            partial per event (the `plain` exchange). Only `batch` matches `partials_of`.
 
     Returns:
         A table of `schema`: the valid events' partials, sorted by (key code, window start,
-        token) as `partials_of` sorts them, after the dead letters (one row each). Σ `count` =
-        rows of `events`.
+        token) as `partials_of` sorts them (with a merge segment after the key code for other
+        emit modes), after the dead letters (one row each). Σ `count` = rows of `events`.
     """
     schema = schema or arrow_partial_schema(spec)
     reasons = events.column("dead_letter_reason")
@@ -344,7 +363,7 @@ def partials_arrow(
         event_ids = valid.column(spec.event_id).to_numpy().astype(np.int64)
         starts = window_starts_ms(times, window_ms)
         event_tokens = row_tokens(key_codes, key_names.to_pylist(), event_ids, token_of, split_tokens)
-        order, boundary, first = partial_groups(key_codes, starts, event_tokens)
+        order, boundary, first = partial_groups(key_codes, starts, event_tokens, merge_segments(emit, key_codes, starts))
         codes_sorted, starts_sorted, tokens_sorted = key_codes[order], starts[order], event_tokens[order]
         offsets = pa.array(np.concatenate((first, [n])).astype(np.int32))
         take = pa.array(order)

@@ -173,7 +173,11 @@ class KeyedWindowSink:
 
     def _route(self, batch: DataFrame, batch_id: int) -> None:
         failpoint("sink.before_batch", batch_id)
-        out = batch.toPandas()
+        self.route_rows(batch.toPandas(), batch_id)
+
+    def route_rows(self, out: pd.DataFrame, batch_id: int) -> None:
+        """Route one batch's processor output rows (`output_schema(spec)` columns, collected),
+        run-wide batch id `batch_id`: windows, side outputs, ledger, counters (module docstring)."""
         by_kind = {kind: rows for kind, rows in out.groupby("kind", sort=False)}
         loads = by_kind.get(KIND_LOAD, out.iloc[0:0])
         windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])
