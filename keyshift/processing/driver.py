@@ -518,6 +518,7 @@ def run_flight_delays(
         events_target = sum(o - start.get(p, 0) for p, o in target.items()) if target else None
         recorder.on_progress = lambda record: bar({**record, "events_target": events_target})
         ensure_side_output_topics(settings, config.partitions, config.spec.topics)
+        own_session = spark is None
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
@@ -557,6 +558,8 @@ def run_flight_delays(
         config = segment_config(config, last)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
         summary.update(_task_time_summary(task_times.times, config.partitions))
+        summary["shuffle_write_bytes"] = _shuffle_write_bytes(spark) if own_session else None
+        summary["exchange"], summary["emit"] = config.exchange, config.emit
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
         summary["resumes"] = recorder.resumes()
         summary["segments"] = len(segments)
@@ -695,6 +698,18 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at)
         record = control.current()
+
+
+def _shuffle_write_bytes(spark: SparkSession) -> int | None:
+    """Bytes the run's stages wrote to shuffle files (Spark's shuffle write metrics over the
+    application the driver started), None when the monitoring API could not say."""
+    from keyshift.monitoring.shuffle import shuffle_write_bytes
+
+    try:
+        return shuffle_write_bytes(spark)
+    except (ConfigurationError, JobError) as exc:
+        log.warning("shuffle write bytes not measured: %s", exc)
+        return None
 
 
 def _global_merge_state(settings: Settings, config: FlightDelayJobConfig):
