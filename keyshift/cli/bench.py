@@ -214,6 +214,37 @@ def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | No
     click.echo(f"-> {out} (plot {out.with_suffix('.png')})")
 
 
+@command.command(name="exchange")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSON report to write; the PNG goes beside it.")
+@click.option("--job", "jobs", multiple=True, type=click.Choice(["flights", "ysb"]), help="Job to bench (repeat).  [default: flights ysb]")
+@click.option("--flights", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Flights to replay.")
+@click.option("--ysb-events", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="YSB ad events to generate (all types).")
+@click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, show_default=True, help="P partitions = slots.")
+@click.option("--runs", type=click.IntRange(min=1), default=1, show_default=True, help="Runs of each strategy.")
+@click.option("--max-offsets-per-trigger", "per_trigger", type=click.IntRange(min=1), default=250_000, show_default=True,
+              help="Records per micro-batch at most, every run.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+def exchange(out: Path, jobs: tuple[str, ...], flights: int, ysb_events: int, partitions: int, runs: int, per_trigger: int,
+             progress: bool) -> None:
+    """The exchange strategies (plain, local_merge, global_merge, ahead_keyby) for the flights and YSB.
+
+    Shuffle bytes, events/s, batch latency p95 and whether the results are identical (flights:
+    pandas; YSB: the generator's record) per job and strategy, and YSB through keyshift against
+    plain Spark Structured Streaming running the published YSB job on the same topic.
+    """
+    from keyshift.bench import exchange as bench
+
+    report = bench.run_exchange_bench(Settings(), out, jobs or ("flights", "ysb"), flights=flights, ysb_events=ysb_events,
+                                      partitions=partitions, runs=runs, per_trigger=per_trigger, progress=progress)
+    for row in report["rows"]:
+        click.echo(f"  {row['job']:8} {bench.row_label(row):18} shuffle {row['shuffle_bytes']} B, {row['events_per_second']} ev/s, "
+                   f"batch latency p95 {row['latency_p95_s']} s, identical {row['results_identical']}")
+    click.echo(f"  shuffle bytes over plain: {report['shuffle_fraction_of_plain']}")
+    click.echo(f"  YSB keyshift (global_merge on the key-placed topic) / plain Spark: {report['ysb_vs_plain_throughput_ratio']} "
+               f"(every run: {report['ysb_ratio_by_run']})")
+    click.echo(f"-> {out} (plot {out.with_suffix('.png')})")
+
+
 def _suite_names() -> list[str]:
     from keyshift.bench.suite import BENCH_NAMES
 
