@@ -38,6 +38,7 @@ from airflow.sdk import Param, dag, task
 
 from keyshift import names
 from keyshift.eventtime.watermarks import WATERMARK_MODES
+from keyshift.processing.exchange import EXCHANGES
 from keyshift.orchestration import pipeline
 from keyshift.orchestration.sensors import JobProgressSensor
 from keyshift.orchestration.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY_S
@@ -75,6 +76,10 @@ RUN_ID = "{{ job_run_id(run_id) }}"
         "watermark": Param("global", type="string", enum=list(WATERMARK_MODES),
                            description="Watermark mode: global (one per query, Spark's), key (one per key), "
                                        "nkey (one per group of keys), dynamic (per key, the bound follows the key's disorder up to bound_ms)."),
+        "exchange": Param("local_merge", type="string", enum=list(EXCHANGES),
+                          description="How events reach a key's windows (paper 000 §4.3): local_merge (partials per key "
+                                      "and window before the shuffle), plain (every event crosses the shuffle) or "
+                                      "global_merge (no shuffle: windows merged in Redis; needs watermark global)."),
         "max_restarts": Param(DEFAULT_MAX_RESTARTS, type="integer", minimum=0, maximum=1000,
                               description="Continuous run: times a dead driver is restarted from its checkpoint "
                                           "before the run fails (restarts; Flink's fixed-delay attempts)."),
@@ -90,6 +95,7 @@ def keyshift_pipeline():
 
         settings, partitions, job = Settings(), int(params["partitions"]), params.get("job")
         pipeline.validate_strategy(params["strategy"], job)  # before anything is created
+        pipeline.validate_exchange(params.get("exchange"), params.get("watermark"))
         topics = pipeline.provision(settings, partitions, job=job)
         assignment = pipeline.publish_assignment(settings, params["strategy"], partitions, params["limit"], job=job)
         return {"topics": topics, "assignment": assignment}
@@ -115,7 +121,8 @@ def keyshift_pipeline():
         policy = RestartPolicy(int(params["max_restarts"]), float(params["restart_delay_s"]))
         job = launch_job(Settings(), pipeline.job_run_id(run_id), strategy=params["strategy"],
                          partitions=int(params["partitions"]), bound_ms=int(params["bound_ms"]),
-                         watermark=params.get("watermark") or "global", job=params.get("job"), policy=policy)
+                         watermark=params.get("watermark") or "global", job=params.get("job"),
+                         exchange=params.get("exchange") or "local_merge", policy=policy)
         return {"run_id": job.run_id, "pid": job.pid, "supervisor_pid": job.supervisor_pid,
                 "log_path": str(job.log_path), "adopted": job.adopted}
 
@@ -147,7 +154,7 @@ def keyshift_pipeline():
         application_args=pipeline.spark_submit_args(
             RUN_ID, "{{ params.strategy }}", "{{ params.partitions }}", "{{ params.bound_ms }}",
             "{{ params.limit }}", watermark="{{ params.watermark }}", job="{{ params.job }}",
-            topic="{{ job_topic(params.job) }}",
+            topic="{{ job_topic(params.job) }}", exchange="{{ params.exchange }}",
         ),
         env_vars={name: "{{ spark_env()['%s'] }}" % name
                   for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PATH")},

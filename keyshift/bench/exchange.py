@@ -325,6 +325,12 @@ def run_exchange_bench(
     bar = tqdm(total=sum(per_job if j == "ysb" else len(EXCHANGE_RUNS) for j in jobs) * runs, desc="bench exchange", unit="run",
                disable=not progress)
     rows: list[dict[str, Any]] = []
+
+    def settings_of() -> dict[str, Any]:
+        return {"jobs": list(jobs), "flights": flights or 3_000_000, "ysb_events": ysb_events, "ysb_rate": YSB_RATE,
+                "partitions": partitions, "runs": runs, "per_trigger": per_trigger, "watermark": "global",
+                "flights_bound_ms": FLIGHTS_BOUND_MS, "ysb_bound_ms": YSB_BOUND_MS, "cores": os.cpu_count()}
+
     for job in jobs:
         topics, check, events, bound_ms, job_name = {}, None, 0, FLIGHTS_BOUND_MS, "flight_delays"
         for placement in ("round_robin", "hash"):
@@ -360,14 +366,16 @@ def run_exchange_bench(
         for run in range(runs):
             for setup in (*EXCHANGE_RUNS, *(YSB_EXTRA_RUNS if job == "ysb" else ())):
                 bar.set_postfix_str(f"{job} {setup.strategy} run {run + 1}")
-                run_id = f"{work.name}-{job}-{setup.strategy}-{run}".replace("_", "-")
+                label = row_label({"strategy": setup.strategy, "topic_placement": setup.placement})
+                run_id = f"{work.name}-{job}-{label}-{run}".replace("_", "-").replace("@", "-on-")
                 result = run_keyshift_job(settings, job_name, topics[setup.placement], run_id, setup.exchange, events, partitions,
                                           bound_ms, per_trigger, timeout_s)
                 result["results_identical"] = check(Path(result["run_dir"]) / "windows") and result["reconciled"]
                 rows.append({"job": job, "strategy": setup.strategy, "exchange": setup.exchange, "topic_placement": setup.placement,
                              "engine": "keyshift", "run": run, **result})
-                log.info("exchange %s %s run %d: %.0f ev/s, shuffle %s bytes, identical %s", job, setup.strategy, run,
+                log.info("exchange %s %s run %d: %.0f ev/s, shuffle %s bytes, identical %s", job, label, run,
                          result["events_per_second"] or 0, result["shuffle_bytes"], result["results_identical"])
+                _save(out, rows, settings_of())
                 bar.update()
             if job == "ysb":
                 bar.set_postfix_str(f"ysb plain Spark run {run + 1}")
@@ -375,15 +383,19 @@ def run_exchange_bench(
                 plain["results_identical"] = _ysb_identical(Path(plain["windows_dir"]), expected, plain["final_watermark_ms"])
                 rows.append({"job": "ysb", "strategy": "plain_spark", "exchange": "spark_builtin", "topic_placement": "hash",
                              "engine": "spark", "run": run, **plain})
+                _save(out, rows, settings_of())
                 bar.update()
     bar.close()
-    report = {"rows": rows, **summarize(rows),
-              "settings": {"jobs": list(jobs), "flights": flights or 3_000_000, "ysb_events": ysb_events, "ysb_rate": YSB_RATE,
-                           "partitions": partitions, "runs": runs, "per_trigger": per_trigger, "watermark": "global",
-                           "flights_bound_ms": FLIGHTS_BOUND_MS, "cores": os.cpu_count()}}
+    report = _save(out, rows, settings_of())
+    plot_exchange(report, out.with_suffix(".png"))
+    return report
+
+
+def _save(out: Path, rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the report so far to `out` (after every run, so a failed run keeps the others)."""
+    report = {"rows": list(rows), **summarize(rows), "settings": dict(settings)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
-    plot_exchange(report, out.with_suffix(".png"))
     return report
 
 

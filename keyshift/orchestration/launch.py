@@ -197,6 +197,7 @@ def launch_job(
     max_offsets_per_trigger: int | None = None,
     watermark: str | None = None,
     job: str | None = None,
+    exchange: str | None = None,
     policy: RestartPolicy = RestartPolicy(),
     application: Path = pipeline.APPLICATION,
     startup_check_s: float = 3.0,
@@ -210,8 +211,8 @@ def launch_job(
         settings: Redis, runs folder and `spark_master`; handed to the supervisor and the driver
             as `KEYSHIFT_*` variables (`settings_env`).
         run_id: keyshift run id (`pipeline.job_run_id`).
-        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger, watermark, job: the
-            job's arguments (`pipeline.spark_submit_args`; None: the job's default; `job` one of
+        strategy, partitions, bound_ms, limit, topic, max_offsets_per_trigger, watermark, job,
+            exchange: the job's arguments (`pipeline.spark_submit_args`; None: the job's default; `job` one of
             `pipeline.JOBS`, default flight_delays, and `topic` None means that job's input topic).
         policy: the restart policy (`max_restarts` restarts, `restart_delay_s` seconds apart).
         application: the Spark application file (it must accept `--run-id …` and `--resume RUN_ID`).
@@ -233,6 +234,7 @@ def launch_job(
 
     job = pipeline.validate_job(job)
     pipeline.validate_strategy(strategy, job)
+    pipeline.validate_exchange(exchange, watermark)
     topic = topic or pipeline.job_topic(job)
     key = names.redis_run_key(run_id)
     home = pipeline.run_dir(settings, run_id)
@@ -268,7 +270,7 @@ def launch_job(
         )
         argv = (*base, *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit, topic=topic,
                                                    max_offsets_per_trigger=max_offsets_per_trigger, watermark=watermark,
-                                                   job=job))
+                                                   job=job, exchange=exchange))
         spec = SupervisorSpec(run_id=run_id, argv=argv, resume_argv=(*base, *pipeline.resume_args(run_id)),
                               policy=policy, cwd=str(PROJECT_ROOT))
         spec.write(spec_path(home))

@@ -127,6 +127,22 @@ def validate_strategy(strategy: str, job: str | None = None) -> str:
     return strategy
 
 
+def validate_exchange(exchange: str | None, watermark: str | None = None) -> str:
+    """Return the exchange strategy a run uses (None or empty: `local_merge`) if it can run with
+    the watermark mode (`global_merge` closes windows on the global watermark only).
+
+    Raises:
+        ConfigurationError: an unknown exchange, or `global_merge` with a per-key watermark mode.
+    """
+    from keyshift.processing.exchange import check_exchange
+
+    exchange = check_exchange(exchange or "local_merge")
+    if exchange == "global_merge" and (watermark or "global") != "global":
+        raise ConfigurationError(f"exchange global_merge closes windows on the global watermark; "
+                                 f"watermark mode {watermark!r} keeps per-key clocks: choose watermark global")
+    return exchange
+
+
 def job_topics(job: str | None = None) -> tuple[str, ...]:
     """The Kafka topics a run of `job` needs, input first: input, dead letters, late events and,
     where the job sends any, alerts (`JobSpec.topics`).
@@ -369,6 +385,7 @@ def spark_submit_args(
     max_offsets_per_trigger: int | None = None,
     watermark: str | None = None,
     job: str | None = None,
+    exchange: str | None = None,
 ) -> list[str]:
     """The job's own arguments (after the application path, `spark_jobs/flight_delays.py`).
 
@@ -385,10 +402,13 @@ def spark_submit_args(
             or empty: the job's default (`global`).
         job: the registered job (`--job`, e.g. `ysb`); None or empty: the application's default
             (flight_delays).
+        exchange: the exchange strategy (`keyshift.processing.exchange.EXCHANGES`); None or
+            empty: the job's default (`local_merge`).
 
     Returns:
         `["--run-id", run_id, ("--job", job), "--strategy", s, "--partitions", P, "--bound-ms", b,
-        ("--limit", N), ("--topic", t), ("--max-offsets-per-trigger", n), ("--watermark", mode)]`.
+        ("--limit", N), ("--topic", t), ("--max-offsets-per-trigger", n), ("--watermark", mode),
+        ("--exchange", e)]`.
     """
     args = ["--run-id", str(run_id)]
     if job:
@@ -406,6 +426,8 @@ def spark_submit_args(
         args += ["--max-offsets-per-trigger", str(max_offsets_per_trigger)]
     if watermark:
         args += ["--watermark", str(watermark)]
+    if exchange:
+        args += ["--exchange", str(exchange)]
     return args
 
 

@@ -24,9 +24,9 @@ processor's timers close it, so its output latency is no higher than with the sh
 Results equal the processor's: lateness uses the same W_b (Spark's offset log), windows close
 on the same watermark, and the partials are associative. Exactly once: each task's merge is
 applied under a token (batch id, Spark partition) kept in a per-batch set, so a task retried or
-a batch replayed after a crash never merges twice; windows are deleted from Redis only after the
-sink recorded the batch, so a replayed batch finds and writes them again (the sink rewrites,
-never appends, a replayed batch's outputs).
+a batch replayed after a crash never merges twice; the windows a batch closes are deleted from
+Redis only when the next batch starts, after Spark committed the batch, so a replayed batch finds
+and routes them again (the sink rewrites, never appends, a replayed batch's outputs).
 
 Limits, by construction: `global` watermark mode only (per-key clocks live in the processor's
 state); duplicated event ids are not dropped (the processor does it with the ids it keeps per
@@ -98,7 +98,8 @@ class GlobalMergeState:
 
     Layout under `<prefix>:global_merge:<run_id>:`: `open` (sorted set: member `key\\x1fstart`,
     score = window end, ms), `w:<member>` (hash: `count`, `slot`, `a1` … `aN` = the spec's
-    aggregates in order), `applied:<batch>` (set of task tokens merged in that batch).
+    aggregates in order), `applied:<batch>` (set of task tokens merged in that batch),
+    `closed_through` (the watermark through which windows have been routed, ms).
 
     Args:
         client: a `redis.Redis` client (`decode_responses=True`).
@@ -202,9 +203,24 @@ class GlobalMergeState:
         except redis.RedisError as exc:
             raise StackError(f"Redis failed deleting {len(members)} closed windows: {exc}") from exc
 
+    def set_closed_through(self, batch_id: int, watermark_ms: int) -> None:
+        """Record that batch `batch_id` routed every window ending at or before `watermark_ms`."""
+        self.client.hset(self.prefix + "closed_through", str(int(batch_id)), int(watermark_ms))
+
+    def closed_through(self, batch_id: int | None = None) -> int | None:
+        """The watermark through which batch `batch_id` (default: the latest batch recorded)
+        closed windows (ms); None when it recorded none."""
+        recorded = self.client.hgetall(self.prefix + "closed_through")
+        if not recorded:
+            return None
+        key = str(int(batch_id)) if batch_id is not None else max(recorded, key=int)
+        return int(recorded[key]) if key in recorded else None
+
     def pending_events(self) -> int:
-        """Events in windows not yet closed (Σ count over the open windows)."""
-        members = self.client.zrange(self.open_key, 0, -1)
+        """Events in windows not yet closed: Σ count over the windows ending after
+        `closed_through()` (closed windows stay in Redis until the next batch starts)."""
+        through = self.closed_through()
+        members = self.client.zrangebyscore(self.open_key, f"({through}" if through is not None else "-inf", "+inf")
         pipe = self.client.pipeline(transaction=False)
         for member in members:
             pipe.hget(self.window_prefix + member, "count")
@@ -244,9 +260,10 @@ def merge_function(spec: JobSpec, redis_url: str, run_id: str, batch_id: int, wa
 
         from keyshift.processing.ingest import CONTROL_COLUMN, EVENT_TS_COLUMN
 
-        table = pa.Table.from_batches(list(chunks))
-        if not table.num_rows:
+        batches = [chunk for chunk in chunks if chunk.num_rows]
+        if not batches:
             return
+        table = pa.Table.from_batches(batches)
         rows = KeyedWindowProcessor(spec, tokens, window_ms)  # its row builders only; no state
         slot_of_token = {token: slot for slot, token in enumerate(tokens)}
         # event times are UTC microseconds; a marker's may be past what pandas' nanoseconds hold
@@ -311,9 +328,9 @@ class GlobalMergeSink:
     """The `foreachBatch` of a `global_merge` run (module docstring, steps 1 and 2).
 
     Wraps the engine's sink (`keyshift.processing.sinks.KeyedWindowSink`, which it exposes as
-    `sink`): per batch it runs `merge_function` on the executors, collects the output rows,
-    closes the windows W_{b+1} passes, routes all of it through `sink.route_rows`, then deletes
-    the closed windows from Redis.
+    `sink`): per batch it deletes the windows earlier batches closed, runs `merge_function` on
+    the executors, collects the output rows, closes the windows W_{b+1} passes and routes all of
+    it through `sink.route_rows`.
 
     Args:
         sink: the run's KeyedWindowSink. state: the run's `GlobalMergeState`.
@@ -351,6 +368,11 @@ class GlobalMergeSink:
         try:
             batch_id = sink.batch_base + query_batch_id
             watermark = max(read_batch_reference(self.checkpoint_dir, query_batch_id).watermark_ms, self.watermark_floor_ms)
+            # the windows earlier batches closed: their batches are committed (Spark runs batch b
+            # after b - 1's commit), so nothing can replay them any more. Through what batch b - 1
+            # closed, which is W_b unless Spark's watermark and ours ever differ.
+            earlier = self.state.closed_through(batch_id - 1)
+            self.state.forget(self.state.closed(watermark if earlier is None else max(earlier, watermark))["member"].tolist(), batch_id)
             rows = batch.mapInArrow(
                 merge_function(sink.spec, self.redis_url, sink.run_id, batch_id, watermark, self.window_ms, self.tokens),
                 schema_of(sink.spec),
@@ -361,7 +383,7 @@ class GlobalMergeSink:
             windows = window_rows(sink.spec, closed, self.window_ms, self.tokens, closing_at)
             out = pd.concat([rows, windows], ignore_index=True) if len(windows) else rows
             sink.route_rows(out, batch_id)
-            self.state.forget(closed["member"].tolist(), batch_id)
+            self.state.set_closed_through(batch_id, closing_at)  # deleted when the next batch starts
             log.info("batch %d: global merge at watermark %d closed %d windows", batch_id, closing_at, len(closed))
         finally:
             sink.last_query_batch = query_batch_id

@@ -64,7 +64,9 @@ def test_dag_shape(dag):
 def test_dag_params_defaults(dag):
     params = dag.params.dump()
     assert params == {"job": "flight_delays", "strategy": "hash", "partitions": 8, "limit": 20000, "rate": None,
-                      "bound_ms": 3_600_000, "watermark": "global", "max_restarts": 3, "restart_delay_s": 10.0}
+                      "bound_ms": 3_600_000, "watermark": "global", "exchange": "local_merge", "max_restarts": 3,
+                      "restart_delay_s": 10.0}
+    assert dag.params.get_param("exchange").schema["enum"] == ["local_merge", "plain", "global_merge"]
     assert dag.params.get_param("job").schema["enum"] == ["flight_delays", "ysb"]
     assert set(dag.params.get_param("watermark").schema["enum"]) == {"global", "key", "nkey", "dynamic"}
     # The trigger form accepts a continuous run (null limit) and rejects a negative one.
@@ -93,14 +95,14 @@ def test_spark_submit_operator_renders_args_from_params(dag):
     env = dag.get_template_env()
     context = {
         "params": {"job": "flight_delays", "strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000,
-                   "watermark": "key"},
+                   "watermark": "key", "exchange": "local_merge"},
         "run_id": "manual__2026-01-02T03:04:05.678901+00:00",
     }
     rendered = [env.from_string(arg).render(**context) for arg in op.application_args]
     assert rendered == [
         "--run-id", "manual__2026-01-02T03_04_05.678901_00_00", "--job", "flight_delays",
         "--strategy", "hash", "--partitions", "4", "--bound-ms", "60000", "--limit", "20000", "--topic", "flights",
-        "--watermark", "key",
+        "--watermark", "key", "--exchange", "local_merge",
     ]
     ysb = {**context, "params": {**context["params"], "job": "ysb", "strategy": "least_count"}}
     rendered = [env.from_string(arg).render(**ysb) for arg in op.application_args]
@@ -303,6 +305,18 @@ def test_spark_submit_args_name_the_job():
     args = pipeline.spark_submit_args("r", "least_count", 4, 10_000, 20_000, topic="ysb-ad-events", job="ysb")
     assert args[:4] == ["--run-id", "r", "--job", "ysb"] and args[args.index("--topic") + 1] == "ysb-ad-events"
     assert "--job" not in pipeline.spark_submit_args("r", "hash", 8, 1, None)
+
+
+def test_exchange_param_reaches_the_job_and_is_checked_against_the_watermark_mode():
+    args = pipeline.spark_submit_args("r", "hash", 8, 1, 100, watermark="global", exchange="global_merge")
+    assert args[-4:] == ["--watermark", "global", "--exchange", "global_merge"]
+    assert "--exchange" not in pipeline.spark_submit_args("r", "hash", 8, 1, 100)
+    assert pipeline.validate_exchange(None) == "local_merge" and pipeline.validate_exchange("plain", "key") == "plain"
+    assert pipeline.validate_exchange("global_merge", "global") == "global_merge"
+    with pytest.raises(ConfigurationError, match="choose watermark global"):
+        pipeline.validate_exchange("global_merge", "key")
+    with pytest.raises(ConfigurationError, match="unknown exchange"):
+        pipeline.validate_exchange("keyby")
 
 
 def test_spark_submit_args_continuous_has_no_limit():

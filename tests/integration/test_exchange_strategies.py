@@ -116,6 +116,9 @@ def test_global_merge_state_merges_a_task_once_and_forgets_closed_windows(stack_
         closed = state.closed(3_600_000).sort_values("origin").reset_index(drop=True)
         assert closed[["origin", "window_start_ms", "count", "sum_delay_min", "max_delay_min", "slot"]].values.tolist() == [
             ["LGA", 0, 3, 17, 9, 2], ["ORD", 0, 4, 40, 50, 1]]
+        state.set_closed_through(0, 3_600_000)
+        assert state.closed_through(0) == 3_600_000 and state.closed_through() == 3_600_000 and state.closed_through(7) is None
+        assert state.pending_events() == 2  # routed windows no longer count, though still in Redis
         state.forget(closed["member"].tolist(), batch_id=0)
         assert state.pending_events() == 2 and state.closed(3_600_000).empty
         left = state.closed(7_200_000)
