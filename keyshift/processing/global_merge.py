@@ -137,14 +137,11 @@ class GlobalMergeState:
 
         a = len(self.spec.aggregates)
         args: list = [self.window_prefix, token, a, *[agg.op for agg in self.spec.aggregates]]
-        keys = partials[self.spec.key].astype(str).to_numpy()
-        starts = partials["window_start_ms"].to_numpy(np.int64)
-        ends = partials["window_end_ms"].to_numpy(np.int64)
-        counts = partials["count"].to_numpy(np.int64)
-        values = [partials[agg.name].to_numpy(np.int64) for agg in self.spec.aggregates]
-        for i in range(len(partials)):
-            args += [f"{keys[i]}{SEPARATOR}{int(starts[i])}", int(ends[i]), int(slots[i]), int(counts[i]),
-                     *[int(v[i]) for v in values]]
+        members = partials[self.spec.key].astype(str) + SEPARATOR + partials["window_start_ms"].astype("int64").astype(str)
+        columns = [members.tolist(), partials["window_end_ms"].astype("int64").tolist(), np.asarray(slots, np.int64).tolist(),
+                   partials["count"].astype("int64").tolist(), *[partials[agg.name].astype("int64").tolist() for agg in self.spec.aggregates]]
+        for values in zip(*columns):  # per partial: member, end, slot, count, aggregates
+            args.extend(values)
         try:
             return int(self.client.eval(MERGE_SCRIPT, 2, self.applied_key(batch_id), self.open_key, *args))
         except redis.RedisError as exc:
@@ -272,24 +269,28 @@ def merge_function(spec: JobSpec, redis_url: str, run_id: str, batch_id: int, wa
         partitions = pc.drop_null(table.column("kafka_partition"))
         slot = int(partitions[0].as_py()) % len(tokens) if len(partitions) else -1
         controls = pc.fill_null(table.column(CONTROL_COLUMN), False)
-        partials = table.filter(pc.invert(controls)).drop_columns([EVENT_TS_COLUMN, CONTROL_COLUMN]).to_pandas()
+        partials = table.filter(pc.invert(controls)).drop_columns([EVENT_TS_COLUMN, CONTROL_COLUMN])
+        processed = int(pc.sum(partials.column("count")).as_py() or 0)
         out = []
-        rejected = partials["dead_letter_reason"].notna().to_numpy()
+        # only the rows that leave one by one (dead letters, late partials) need their event
+        # lists in pandas; an open partial is merged by its key, window, count and aggregates
+        rejected = np.asarray(partials.column("dead_letter_reason").is_valid(), dtype=bool)
+        ends = pc.fill_null(partials.column("window_start_ms"), 0).to_numpy().astype(np.int64) + window_ms
+        late = ~rejected & (ends <= watermark_ms)
         if rejected.any():
-            out.append(rows._dead_letters(partials[rejected], slot))
-        valid = partials[~rejected]
-        ends = valid["window_start_ms"].to_numpy(np.int64) + window_ms
-        late = ends <= watermark_ms
+            out.append(rows._dead_letters(partials.filter(pa.array(rejected)).to_pandas(), slot))
         if late.any():
-            out.append(rows._late_events(valid[late], slot, watermark_ms))
-        open_partials = valid[~late].assign(window_end_ms=ends[~late])
+            out.append(rows._late_events(partials.filter(pa.array(late)).to_pandas(), slot, watermark_ms))
+        keep = ~rejected & ~late
+        merged_columns = ["token", spec.key, "window_start_ms", "count", *spec.aggregate_names]
+        open_partials = partials.select(merged_columns).filter(pa.array(keep)).to_pandas().assign(window_end_ms=ends[keep])
         if len(open_partials):
             context = TaskContext.get()
             token = f"{context.partitionId() if context is not None else slot}"
             state = GlobalMergeState(redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=60), run_id, spec)
             slots = np.array([slot_of_token.get(int(t), -1) for t in open_partials["token"]], np.int64)
             state.merge(batch_id, token, open_partials, slots)
-        load = rows._load(slot, -1, int(partials["count"].sum()), watermark_ms)
+        load = rows._load(slot, -1, processed, watermark_ms)
         load["event_time_ms"] = [largest]
         out.append(load)
         frame_out = pd.concat(out, ignore_index=True)
