@@ -27,6 +27,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -140,13 +141,22 @@ def run_plain_job(spark: SparkSession, bootstrap_servers: str, topic: str, out_d
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, show_default=True)
 def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -> None:
     """Run the plain job once and print its figures as one JSON line."""
-    from keyshift.processing.driver import driver_jvm_pid
-    from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
-    from keyshift.processing.session import ROCKSDB_PROVIDER, build_spark_session
     from keyshift.settings import Settings
-    from keyshift.stack.spark import connector_jars
 
     settings = Settings()
+    spark = baseline_session(f"plain-job-{out.name}", partitions, settings)
+    result = run_measured(spark, lambda: run_plain_job(spark, settings.bootstrap_servers, topic, out, max_offsets_per_trigger))
+    spark.stop()
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+def baseline_session(name: str, partitions: int, settings, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+    """The session a baseline job runs in, set up as a user would and as keyshift's job is:
+    `spark.sql.shuffle.partitions` = P, the RocksDB state store, UTC, 4 GB driver, the
+    connector jars; `extra_conf` adds or overrides settings. Log level ERROR."""
+    from keyshift.processing.session import ROCKSDB_PROVIDER, build_spark_session
+    from keyshift.stack.spark import connector_jars
+
     conf = {
         "spark.sql.shuffle.partitions": str(partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
@@ -155,21 +165,31 @@ def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.numRecentProgressUpdates": "1000",
         "spark.jars": ",".join(str(j) for j in connector_jars(settings)),
+        **(extra_conf or {}),
     }
-    spark = build_spark_session(f"plain-job-{out.name}", settings.spark_master, conf)
+    spark = build_spark_session(name, settings.spark_master, conf)
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_measured(spark: SparkSession, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`run()`'s figures plus what the driver JVM and its Python workers used meanwhile:
+    `driver_peak_rss_bytes`, `python_peak_rss_bytes` (bytes), `cpu_seconds` (user + system s by
+    process group) and `events_per_cpu_second` (the figures' `events` over all CPU seconds)."""
+    from keyshift.processing.driver import driver_jvm_pid
+    from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
+
     sampler = ResourceSampler(driver_jvm_pid(spark))
     sampler.start()
     try:
-        result = run_plain_job(spark, settings.bootstrap_servers, topic, out, max_offsets_per_trigger)
+        result = run()
     finally:
         sampler.stop()
     result["driver_peak_rss_bytes"] = sampler.peak_rss_bytes
     result["python_peak_rss_bytes"] = sampler.peak_children_rss_bytes
     result["cpu_seconds"] = sampler.cpu_seconds().as_dict()
     result["events_per_cpu_second"] = events_per_cpu_second(result["events"], sampler.cpu_seconds())
-    spark.stop()
-    sys.stdout.write(json.dumps(result) + "\n")
+    return result
 
 
 if __name__ == "__main__":

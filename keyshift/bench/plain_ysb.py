@@ -451,38 +451,16 @@ def main(
     topic: str, partitions: int, out: Path, max_offsets_per_trigger: int, bound: str, label: str | None, expected: Path | None
 ) -> None:
     """Run the plain YSB job once and print its figures as one JSON line."""
+    from keyshift.bench.plain_job import baseline_session, run_measured
     from keyshift.monitoring.shuffle import RETAINED_STAGES_CONF
-    from keyshift.processing.driver import driver_jvm_pid
-    from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
-    from keyshift.processing.session import ROCKSDB_PROVIDER, build_spark_session
     from keyshift.settings import Settings
-    from keyshift.stack.spark import connector_jars
 
     settings = Settings()
-    conf = {
-        "spark.sql.shuffle.partitions": str(partitions),
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.memory": "4g",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.streaming.numRecentProgressUpdates": "1000",
-        "spark.jars": ",".join(str(j) for j in connector_jars(settings)),
-        **RETAINED_STAGES_CONF,
-    }
-    spark = build_spark_session(f"plain-ysb-{out.name}", settings.spark_master, conf)
-    spark.sparkContext.setLogLevel("ERROR")
-    sampler = ResourceSampler(driver_jvm_pid(spark))
-    sampler.start()
-    try:
-        result = run_plain_ysb(spark, settings.bootstrap_servers, topic, out, max_offsets_per_trigger, settings.redis_url,
-                               label=label, bound=bound)
-    finally:
-        sampler.stop()
-    result["driver_peak_rss_bytes"] = sampler.peak_rss_bytes
-    result["python_peak_rss_bytes"] = sampler.peak_children_rss_bytes
-    result["cpu_seconds"] = sampler.cpu_seconds().as_dict()
-    result["events_per_cpu_second"] = events_per_cpu_second(result["events"], sampler.cpu_seconds())
+    # Arrow on: the join table built from pandas is a JVM-local relation (`read_ad_campaign`)
+    spark = baseline_session(f"plain-ysb-{out.name}", partitions, settings,
+                             {"spark.sql.execution.arrow.pyspark.enabled": "true", **RETAINED_STAGES_CONF})
+    result = run_measured(spark, lambda: run_plain_ysb(spark, settings.bootstrap_servers, topic, out, max_offsets_per_trigger,
+                                                       settings.redis_url, label=label, bound=bound))
     if expected is not None:
         parts = sorted(Path(result["windows_path"]).glob("*.parquet"))
         windows = pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame(columns=["campaign_id", "window_start_ms", "count"])
