@@ -125,7 +125,6 @@ class GlobalMergeState:
             batch_id: the run-wide batch id. token: the task's token (its Spark partition).
             partials: rows with the key column, `window_start_ms`, `count` and the aggregates.
             slots: int array, each partial's slot (the slot its key is placed on).
-            (window size: `spec.window_ms` unless `window_ms` was given to the caller.)
 
         Returns:
             Partials merged; 0 if this token was already applied (a retried task).
@@ -178,6 +177,20 @@ class GlobalMergeState:
         for j, agg in enumerate(self.spec.aggregates, start=1):
             frame[agg.name] = np.array([int(h[f"a{j}"]) for h in hashes], np.int64)
         return pd.DataFrame(frame)
+
+    def members_through(self, watermark_ms: int) -> list[str]:
+        """The member names of the windows ending at or before `watermark_ms` (ms), without
+        reading their values (what `forget` needs).
+
+        Raises:
+            StackError: Redis failed.
+        """
+        import redis
+
+        try:
+            return list(self.client.zrangebyscore(self.open_key, "-inf", int(watermark_ms)))
+        except redis.RedisError as exc:
+            raise StackError(f"Redis failed listing the windows closed at watermark {watermark_ms}: {exc}") from exc
 
     def forget(self, members: Sequence[str], batch_id: int, keep_batches: int = 10) -> None:
         """Delete closed windows `members` and the applied tokens of batches before
@@ -373,7 +386,7 @@ class GlobalMergeSink:
             # after b - 1's commit), so nothing can replay them any more. Through what batch b - 1
             # closed, which is W_b unless Spark's watermark and ours ever differ.
             earlier = self.state.closed_through(batch_id - 1)
-            self.state.forget(self.state.closed(watermark if earlier is None else max(earlier, watermark))["member"].tolist(), batch_id)
+            self.state.forget(self.state.members_through(watermark if earlier is None else max(earlier, watermark)), batch_id)
             rows = batch.mapInArrow(
                 merge_function(sink.spec, self.redis_url, sink.run_id, batch_id, watermark, self.window_ms, self.tokens),
                 schema_of(sink.spec),

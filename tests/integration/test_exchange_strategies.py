@@ -119,7 +119,8 @@ def test_global_merge_state_merges_a_task_once_and_forgets_closed_windows(stack_
         state.set_closed_through(0, 3_600_000)
         assert state.closed_through(0) == 3_600_000 and state.closed_through() == 3_600_000 and state.closed_through(7) is None
         assert state.pending_events() == 2  # routed windows no longer count, though still in Redis
-        state.forget(closed["member"].tolist(), batch_id=0)
+        assert sorted(state.members_through(3_600_000)) == sorted(closed["member"])
+        state.forget(state.members_through(3_600_000), batch_id=0)
         assert state.pending_events() == 2 and state.closed(3_600_000).empty
         left = state.closed(7_200_000)
         assert left[["count", "sum_delay_min", "max_delay_min"]].values.tolist() == [[2, 5, -5]]
