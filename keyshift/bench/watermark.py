@@ -76,8 +76,8 @@ Definitions (every figure of a row is of its paced run unless said otherwise):
 * **state bytes**: the peak, over sampled micro-batches of the paced run, of the bytes of the
   job's state rows read back with Spark's state data source (`format("statestore")`, `batchId`
   = the sampled batch) for both declared state variables, `pending_windows` (origin -> the open
-  windows' partials and the ids of their events) and `key_clocks` (per-key or per-group
-  watermark clocks; empty in `global` mode): per row, the grouping key (token, 4 bytes) + the map
+  windows' partials, the ids of their events and, in `key` and `dynamic` mode, the key's
+  watermark clock) and `key_clocks` (`nkey` mode's group clocks; empty in other modes): per row, the grouping key (token, 4 bytes) + the map
   key + the map value, strings and binaries at their length in bytes, longs 8, ints 4 (the
   logical size, not RocksDB's on-disk or in-memory size; timers, one per open window end per
   slot, are not counted). Sampled batches: up to `state_samples` evenly spaced among the batches

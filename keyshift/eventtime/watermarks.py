@@ -33,7 +33,10 @@ A clock is removed as soon as it no longer raises a key above the fallback, so m
 grow with keys that stopped. The end of a bounded run sends markers whose event time pushes
 Spark's watermark far ahead: every window closes through the fallback.
 
-Clocks are the engine's state (`CLOCK_VALUE_SCHEMA`), so a switch migrates them with the windows.
+Clocks are the engine's state, so a switch migrates them with the windows. In `key` and `dynamic`
+mode a key's clock lives in the key's own pending-windows value (`KeyClock.pack`), read and
+written with its windows: one state read and one write per touched key and batch. In `nkey` mode a
+group's clock is shared by many keys and has its own map (`CLOCK_VALUE_SCHEMA`).
 """
 
 from __future__ import annotations
@@ -171,6 +174,38 @@ class KeyClock:
     def from_value(cls, value) -> "KeyClock":
         """Inverse of `as_value` (a MapState value tuple or row)."""
         return cls(int(value[0]), int(value[1]), int(value[2]), int(value[3]), bytes(value[4] or b""))
+
+    def pack(self) -> bytes:
+        """The clock as one binary field (the `clock` field of a key's pending-windows value in
+        `key` and `dynamic` mode): max event time, closed through, last seen and bound as four
+        little-endian int64 (32 bytes), then `recent`."""
+        return np.array([self.max_event_time_ms, self.closed_through_ms, self.last_seen_ms, self.bound_ms], "<i8").tobytes() + bytes(self.recent)
+
+    @classmethod
+    def unpack(cls, blob: bytes | None) -> "KeyClock | None":
+        """Inverse of `pack`; None for an empty field (a key without a clock)."""
+        if not blob:
+            return None
+        head = np.frombuffer(blob[:32], "<i8")
+        return cls(int(head[0]), int(head[1]), int(head[2]), int(head[3]), bytes(blob[32:]))
+
+
+def merge_clocks(clocks: list[KeyClock]) -> KeyClock:
+    """Fold the clocks one key (or nkey group) holds on several slots into one, for a switch:
+    the smallest max event time (so that nothing a piece still waited for becomes late), the
+    largest closed-through end (so that no closed window opens again), the latest last-seen
+    time, the largest bound, and the recent times of the piece seen last.
+
+    Raises:
+        ValueError: for an empty list.
+    """
+    if not clocks:
+        raise ValueError("merge_clocks needs at least one clock")
+    latest = max(clocks, key=lambda c: c.last_seen_ms)
+    return KeyClock(
+        min(c.max_event_time_ms for c in clocks), max(c.closed_through_ms for c in clocks),
+        latest.last_seen_ms, max(c.bound_ms for c in clocks), latest.recent,
+    )
 
 
 def advance_clock(

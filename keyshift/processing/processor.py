@@ -10,7 +10,10 @@ aggregates per (origin, window) made before the shuffle (`keyshift.processing.lo
 Per key (origin) it keeps the pending, not yet final windows in a MapState keyed by the origin,
 with the ids of their events; per slot and batch one `keys()` listing of each map (so a key without
 state costs no read: Spark's state server logs a warning for every read of a missing key), then
-one `getValue` per touched key that has state and one `updateValue` per touched key.
+one `getValue` per touched key that has state and one `updateValue` per touched key. Each such call
+is a round trip to the JVM's state server, about 0.3-0.6 ms on 2 busy cores, so the number of
+calls per slot and batch is what this design keeps small: in `key` and `dynamic` mode the key's
+watermark clock is a field of the same value, read and written with its windows.
 
 Duplicated event ids. A duplicate is an event whose `event_id` the same key has already
 delivered inside the dedup horizon: an earlier micro-batch's event still in one of the key's
@@ -42,7 +45,8 @@ Every row carries `global_watermark_ms`, the fallback (Spark's watermark, never 
 
 Watermark modes (`keyshift.eventtime.watermarks`): in `global` mode a window closes when Spark's
 watermark passes its end (timers); in `key`, `nkey` and `dynamic` mode lateness is decided per key
-(or group) against the watermark its clock (MapState `key_clocks`) held before the batch, the
+(or group) against the watermark its clock (in the key's `pending_windows` value; nkey groups in
+MapState `key_clocks`) held before the batch, the
 clocks then advance with the batch's events, and the key's windows its new watermark passes close
 in the same call; timers close what the fallback passes (silent keys, end of input).
 
@@ -69,7 +73,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, watermark_key
+from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, merge_clocks, watermark_key
 from keyshift.migration.state import MapStateVariable, restore_initial_state
 from keyshift.processing.local_merge import list_column
 from keyshift.processing.spec import SPARK_TYPES, JobSpec
@@ -117,13 +121,23 @@ def output_schema(spec: JobSpec) -> T.StructType:
 
 PENDING_STATE_NAME = "pending_windows"
 PENDING_VALUE_SCHEMA = T.StructType(
-    [T.StructField("partials", T.BinaryType(), False), T.StructField("event_ids", T.BinaryType(), False)]
+    [
+        T.StructField("partials", T.BinaryType(), False),
+        T.StructField("event_ids", T.BinaryType(), False),
+        T.StructField("clock", T.BinaryType(), False),
+    ]
 )
 """MapState `pending_windows`: key -> its open windows' partial aggregates, packed by
 `pack_pending` (a (2 + aggregates) x n int64 array: window_start_ms, count, then each aggregate of
-the spec in order, windows sorted by start), and the ids of their events (int64 bytes, window by
-window in that order, `count` ids each: the dedup horizon). Bytes instead of arrays: pyspark
-serializes array elements one by one in Python."""
+the spec in order, windows sorted by start), the ids of their events (int64 bytes, window by
+window in that order, `count` ids each: the dedup horizon), and in `key` and `dynamic` mode the
+key's watermark clock (`KeyClock.pack`, 32 bytes + 8 per remembered time; empty in `global` and
+`nkey` mode, and for a key whose clock was freed). A key whose windows all closed but whose clock
+still raises it above the fallback keeps a value with no windows. Bytes instead of arrays:
+pyspark serializes array elements one by one in Python."""
+
+NO_CLOCK = b""
+"""The `clock` field of a pending-windows value without a clock."""
 
 
 def pending_key_schema(spec: JobSpec) -> T.StructType:
@@ -142,9 +156,10 @@ CLOCK_VALUE_SCHEMA = T.StructType(
         T.StructField("recent", T.BinaryType(), False),
     ]
 )
-"""MapState `key_clocks` (per-key watermark modes): a key (or `#<group>` in nkey mode) -> its
-`keyshift.eventtime.watermarks.KeyClock`. 40 bytes per key, plus 8 per remembered event time in
-dynamic mode."""
+"""MapState `key_clocks` (`nkey` mode): a group `#<group>` -> its
+`keyshift.eventtime.watermarks.KeyClock`, 40 bytes per group. (`key` and `dynamic` mode keep a
+key's clock in its `pending_windows` value instead, so touching a key costs one read and one
+write of state, not two of each; the map is declared in every mode so every run has one layout.)"""
 
 
 def pack_pending(starts: np.ndarray, counts: np.ndarray, aggregates: np.ndarray) -> bytes:
@@ -153,7 +168,11 @@ def pack_pending(starts: np.ndarray, counts: np.ndarray, aggregates: np.ndarray)
     Args:
         starts, counts: int64 arrays of n windows. aggregates: an a x n int64 array (the
             spec's aggregates in order).
+
+    No window packs to b"" (a key that keeps only its clock).
     """
+    if not len(starts):
+        return b""
     return np.vstack([starts, counts, np.asarray(aggregates, np.int64).reshape(-1, len(starts))]).astype(np.int64).tobytes()
 
 
@@ -161,6 +180,8 @@ def unpack_pending(blob: bytes, aggregates: int) -> tuple[np.ndarray, np.ndarray
     """Inverse of `pack_pending` for a spec with `aggregates` aggregates: (window_start_ms,
     count, an aggregates x n array). Also what to apply to the state data source's
     `user_map_value.partials` to read the state."""
+    if not blob:  # a key that keeps only its clock
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty((aggregates, 0), np.int64)
     rows = np.frombuffer(blob, dtype=np.int64).reshape(2 + aggregates, -1)
     return rows[0], rows[1], rows[2:]
 
@@ -193,19 +214,23 @@ def state_variables(spec: JobSpec) -> tuple[MapStateVariable, ...]:
     the switch too (one per open window end)."""
     n = len(spec.aggregates)
 
-    def merge_pending_values(values: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    def merge_pending_values(values: list[tuple[bytes, bytes, bytes]]) -> tuple[bytes, bytes, bytes]:
         """Fold the `pending_windows` values of one key held on several slots (the pieces of a
         key hot_split spread) into one: windows merged by start (`merge_partials`), event ids
-        kept window by window."""
-        starts, counts, aggregates, ids = [], [], [], []
-        for partials, event_ids in values:
+        kept window by window, the pieces' clocks merged by `merge_clocks` (none if no piece
+        has one)."""
+        starts, counts, aggregates, ids, clocks = [], [], [], [], []
+        for partials, event_ids, clock in values:
             s, c, a = unpack_pending(partials, n)
             starts.append(s), counts.append(c), aggregates.append(a)
             ids.append(np.frombuffer(event_ids, dtype=np.int64))
+            if clock:
+                clocks.append(KeyClock.unpack(clock))
         all_ids = np.concatenate(ids)
         id_starts = np.repeat(np.concatenate(starts), np.concatenate(counts))
         merged = merge_partials(spec, np.concatenate(starts), np.concatenate(counts), np.concatenate(aggregates, axis=1))
-        return pack_pending(*merged), all_ids[np.argsort(id_starts, kind="stable")].tobytes()
+        clock = merge_clocks(clocks).pack() if clocks else NO_CLOCK
+        return pack_pending(*merged), all_ids[np.argsort(id_starts, kind="stable")].tobytes(), clock
 
     return (
         MapStateVariable(PENDING_STATE_NAME, pending_key_schema(spec), PENDING_VALUE_SCHEMA, merge=merge_pending_values),
@@ -214,17 +239,9 @@ def state_variables(spec: JobSpec) -> tuple[MapStateVariable, ...]:
 
 
 def merge_clock_values(values: list[tuple]) -> tuple:
-    """Fold the clocks of one key held on several slots (hot_split pieces, or an nkey group on
-    several slots) into one for a switch: the smallest max event time (so that nothing a piece
-    still waited for becomes late), the largest closed-through end (so that no closed window opens
-    again), the latest last-seen time, the largest bound, and the recent times of the piece seen
-    last."""
-    clocks = [KeyClock.from_value(v) for v in values]
-    latest = max(clocks, key=lambda c: c.last_seen_ms)
-    return KeyClock(
-        min(c.max_event_time_ms for c in clocks), max(c.closed_through_ms for c in clocks),
-        latest.last_seen_ms, max(c.bound_ms for c in clocks), latest.recent,
-    ).as_value()
+    """Fold the `key_clocks` values of one nkey group held on several slots into one for a
+    switch (`merge_clocks`)."""
+    return merge_clocks([KeyClock.from_value(v) for v in values]).as_value()
 
 
 def _partition_id() -> int:
@@ -278,6 +295,8 @@ class KeyedWindowProcessor(StatefulProcessor):
 
             self._dynamic = DynamicBound(k=self._policy.history, max_bound_ms=self._policy.bound_ms)
         self._clock_keys: dict[str, str] = {}
+        self._clock_in_pending = self._policy.per_key and self._policy.mode != "nkey"
+        self._staged: dict[str, tuple[bytes, bytes] | None] = {}
         self._swept_at: dict[int, float] = {}
         self._closing: list[tuple] = []
 
@@ -438,6 +457,43 @@ class KeyedWindowProcessor(StatefulProcessor):
         self._clocks.updateValue((name,), clock.as_value())
         return True
 
+    def _read_clocks(self, names) -> tuple[dict[str, KeyClock | None], dict[str, tuple | None] | None]:
+        """The clocks named `names` before the batch (None: no clock yet), read with one listing
+        of the map that holds them (so a name without state costs no read) and one `getValue`
+        per name that has state.
+
+        Returns:
+            (name -> clock; in `key`/`dynamic` mode also name -> its whole `pending_windows`
+            value as read, or None, for `_fold` and `_store_key_state` to use without a second
+            read; None in `nkey` mode, whose group clocks have their own map).
+        """
+        if self._clock_in_pending:
+            present = {k for (k,) in self._pending.keys()}
+            values = {name: (self._pending.getValue((name,)) if name in present else None) for name in names}
+            return {name: (KeyClock.unpack(v[2]) if v is not None else None) for name, v in values.items()}, values
+        present = {name for (name,) in self._clocks.keys()}
+        clocks: dict[str, KeyClock | None] = {}
+        for name in names:
+            value = self._clocks.getValue((name,)) if name in present else None
+            clocks[name] = KeyClock.from_value(value) if value is not None else None
+        return clocks, None
+
+    def _store_key_state(self, key: str, clock: KeyClock, fallback_ms: int, values: dict[str, tuple | None]) -> bool:
+        """`key`/`dynamic` mode: write a touched key's pending-windows value once, with its
+        windows after the batch (staged by `_fold`, or as read when `_fold` left them alone) and
+        its clock, which is dropped when it no longer raises the key above the fallback; a key
+        left with neither is removed. Returns whether the clock was kept."""
+        keep_clock = not clock.redundant(fallback_ms)
+        old = values.get(key)
+        windows = self._staged[key] if key in self._staged else ((old[0], old[1]) if old is not None else None)
+        if windows is not None and len(windows[0]):
+            self._pending.updateValue((key,), (windows[0], windows[1], clock.pack() if keep_clock else NO_CLOCK))
+        elif keep_clock:
+            self._pending.updateValue((key,), (b"", b"", clock.pack()))  # no windows: packed empty arrays are b""
+        elif old is not None:
+            self._pending.removeKey((key,))
+        return keep_clock
+
     def _key_level_input(
         self, token: int, slot: int, rows: Iterator[pd.DataFrame], spark_watermark_ms: int, fallback_ms: int
     ) -> Iterator[pd.DataFrame]:
@@ -467,11 +523,7 @@ class KeyedWindowProcessor(StatefulProcessor):
             keys = partials[self._key].to_numpy(object)
             names = np.array([self._clock_key(k) for k in keys], dtype=object)
             codes, distinct = pd.factorize(names)
-            clocks: dict[str, KeyClock | None] = {}
-            present = {name for (name,) in self._clocks.keys()}  # one listing: no read of a missing key
-            for name in distinct:
-                value = self._clocks.getValue((name,)) if name in present else None
-                clocks[name] = KeyClock.from_value(value) if value is not None else None
+            clocks, values = self._read_clocks(distinct)
             existed = {name: clock is not None for name, clock in clocks.items()}
             before = np.array([c.watermark_ms(fallback_ms) if c is not None else fallback_ms for c in clocks.values()], np.int64)
             row_watermarks = before[codes]
@@ -492,9 +544,10 @@ class KeyedWindowProcessor(StatefulProcessor):
                 after[name] = clocks[name].watermark_ms(fallback_ms)
 
             open_partials = partials[~late]
+            self._staged = {}
             if len(open_partials):
                 close_at = {k: after[self._clock_key(k)] for k in pd.unique(open_partials[self._key].to_numpy(object))}
-                touched_starts, duplicates = self._fold(open_partials, close_at)
+                touched_starts, duplicates = self._fold(open_partials, close_at, values)
                 if duplicates is not None:
                     yield self._duplicates(open_partials, duplicates, slot)
                 wake = int(touched_starts.min()) + self._window_ms if len(touched_starts) else None
@@ -504,7 +557,9 @@ class KeyedWindowProcessor(StatefulProcessor):
                 name = self._clock_key(k)
                 clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
             for name, clock in clocks.items():
-                if self._store_clock(name, clock, fallback_ms, existed[name]):
+                kept = self._store_key_state(name, clock, fallback_ms, values) if values is not None else \
+                    self._store_clock(name, clock, fallback_ms, existed[name])
+                if kept:
                     wake = self._earliest(wake, clock.own_watermark_ms())
             self._schedule(wake, spark_watermark_ms)
             touched = list(pd.unique(keys))
@@ -518,58 +573,76 @@ class KeyedWindowProcessor(StatefulProcessor):
         """Every clock of this slot (one MapState iteration)."""
         return {name: KeyClock.from_value(value) for (name,), value in list(self._clocks.iterator())}
 
-    def _close_pending(self, watermark_of) -> int | None:
+    def _close_pending(self, watermark_of, fallback_ms: int | None = None) -> int | None:
         """Close, in `self._closing`, every pending window of this slot whose key's watermark
-        (`watermark_of(key)`, ms) has reached its end; what stays open is written back.
+        (`watermark_of(key, clock)`, ms; `clock` is the key's `KeyClock` in `key`/`dynamic` mode,
+        else None) has reached its end; what stays open is written back. In `key`/`dynamic`
+        mode the key's clock is closed with its windows and freed once it is redundant against
+        `fallback_ms`; a value is written only when it changed.
 
         Returns:
-            The smallest end (ms of event time) of the windows that stay open, None if none does.
+            The earliest wake-up (ms of event time): the smallest end of the windows that stay
+            open, or an inline clock's own watermark if sooner; None if nothing stays.
         """
         wake = None
-        for (key,), (blob, id_blob) in list(self._pending.iterator()):
-            watermark = watermark_of(key)
+        for (key,), value in list(self._pending.iterator()):
+            blob, id_blob = value[0], value[1]
+            clock = KeyClock.unpack(value[2]) if self._clock_in_pending else None
+            watermark = watermark_of(key, clock)
             starts, counts, aggregates = unpack_pending(blob, self._n)
             closed = starts + self._window_ms <= watermark
-            if not closed.all():
-                wake = self._earliest(wake, int(starts[~closed].min()) + self._window_ms)
-            if not closed.any():
+            keep = ~closed
+            if keep.any():
+                wake = self._earliest(wake, int(starts[keep].min()) + self._window_ms)
+            if closed.any():
+                self._closing.append((key, starts[closed], counts[closed], aggregates[:, closed], watermark))
+            new_clock = clock
+            if clock is not None:
+                if closed.any():
+                    new_clock = close_clock(clock, int(starts[closed].max()) + self._window_ms)
+                if new_clock.redundant(fallback_ms):
+                    new_clock = None
+                else:
+                    wake = self._earliest(wake, new_clock.own_watermark_ms())
+            if not closed.any() and new_clock == clock:
                 continue
-            self._closing.append((key, starts[closed], counts[closed], aggregates[:, closed], watermark))
-            if closed.all():
+            if not keep.any() and new_clock is None:
                 self._pending.removeKey((key,))
-            else:
-                keep = ~closed
-                ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
-                self._pending.updateValue((key,), (pack_pending(starts[keep], counts[keep], aggregates[:, keep]), ids.tobytes()))
+                continue
+            ids = np.frombuffer(id_blob, dtype=np.int64)[np.repeat(keep, counts)]
+            self._pending.updateValue((key,), (pack_pending(starts[keep], counts[keep], aggregates[:, keep]), ids.tobytes(),
+                                               new_clock.pack() if new_clock is not None else NO_CLOCK))
         return wake
 
     def _close_by_fallback(self, slot: int, spark_watermark_ms: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
         """A timer fired: Spark's watermark (the fallback) passed a window end. Close every
         pending window of this slot its key's watermark has reached, free the clocks the
         fallback made redundant, set the slot's next timer."""
-        clocks = self._slot_clocks()
         partition_id = _partition_id()
         self._closing = []
-
-        def watermark_of(key: str) -> int:
-            clock = clocks.get(self._clock_key(key))
-            return clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms
-
-        wake = self._close_pending(watermark_of)
-        ends: dict[str, int] = {}
-        for k, starts, *_ in self._closing:
-            name = self._clock_key(k)
-            ends[name] = max(ends.get(name, 0), int(starts.max()) + self._window_ms)
-        for name, clock in clocks.items():
-            clock = close_clock(clock, ends[name]) if name in ends else clock
-            if self._store_clock(name, clock, fallback_ms, True):
-                wake = self._earliest(wake, clock.own_watermark_ms())
+        if self._clock_in_pending:
+            wake = self._close_pending(lambda _key, clock: clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms, fallback_ms)
+        else:
+            clocks = self._slot_clocks()
+            wake = self._close_pending(lambda key, _clock: self._group_watermark(clocks, key, fallback_ms))
+            ends: dict[str, int] = {}
+            for k, starts, *_ in self._closing:
+                name = self._clock_key(k)
+                ends[name] = max(ends.get(name, 0), int(starts.max()) + self._window_ms)
+            for name, clock in clocks.items():
+                clock = close_clock(clock, ends[name]) if name in ends else clock
+                if self._store_clock(name, clock, fallback_ms, True):
+                    wake = self._earliest(wake, clock.own_watermark_ms())
         self._schedule(wake, spark_watermark_ms)
         if self._closing:
-            closed_keys = list(dict.fromkeys(k for k, *_ in self._closing))
-            watermarks = [watermark_of(k) for k in closed_keys]
+            marks = {k: w for k, *_rest, w in self._closing}  # each closed key's watermark (it closed at)
             yield self._closed_windows(slot, partition_id, fallback_ms)
-            yield self._watermark_rows(slot, partition_id, closed_keys, watermarks, fallback_ms)
+            yield self._watermark_rows(slot, partition_id, list(marks), list(marks.values()), fallback_ms)
+
+    def _group_watermark(self, clocks: dict[str, KeyClock], key: str, fallback_ms: int) -> int:
+        """`nkey` mode: the watermark of `key`'s group clock in `clocks` (the fallback without one)."""
+        clock = clocks.get(self._clock_key(key))
+        return clock.watermark_ms(fallback_ms) if clock is not None else fallback_ms
 
     def _close_silent(self, token: int, slot: int, partition_id: int, now_ms: int, fallback_ms: int) -> Iterator[pd.DataFrame]:
         """`timeout` fallback: close every window of the keys whose clock saw no event for
@@ -578,25 +651,43 @@ class KeyedWindowProcessor(StatefulProcessor):
         if now_ms - self._swept_at.get(token, 0) < timeout_ms // 4:
             return
         self._swept_at[token] = now_ms
-        clocks = self._slot_clocks()
-        silent = {name for name, clock in clocks.items() if now_ms - clock.last_seen_ms >= timeout_ms}
-        if not silent:
-            return
         self._closing = []
-        self._close_pending(lambda k: np.iinfo(np.int64).max if self._clock_key(k) in silent else np.iinfo(np.int64).min)
-        for k, starts, *_ in self._closing:
-            name = self._clock_key(k)
-            clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
-            self._store_clock(name, clocks[name], fallback_ms, True)
-        if self._closing:
-            closed_keys = [k for k, *_ in self._closing]
-            watermarks = [clocks[self._clock_key(k)].watermark_ms(fallback_ms) for k in closed_keys]
-            for i, entry in enumerate(self._closing):  # the windows' watermark: the key's after closing
-                self._closing[i] = (*entry[:4], watermarks[i])
-            yield self._closed_windows(slot, partition_id, fallback_ms)
-            yield self._watermark_rows(slot, partition_id, closed_keys, watermarks, fallback_ms)
+        everything, nothing = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+        if self._clock_in_pending:
+            before: dict[str, KeyClock] = {}
 
-    def _fold(self, partials: pd.DataFrame, close_at: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+            def silent_watermark(key: str, clock: KeyClock | None) -> int:
+                if clock is None or now_ms - clock.last_seen_ms < timeout_ms:
+                    return nothing
+                before[key] = clock
+                return everything
+
+            self._close_pending(silent_watermark, fallback_ms)
+            if not self._closing:
+                return
+            after = {k: close_clock(before[k], int(starts.max()) + self._window_ms).watermark_ms(fallback_ms) for k, starts, *_ in self._closing}
+        else:
+            clocks = self._slot_clocks()
+            silent = {name for name, clock in clocks.items() if now_ms - clock.last_seen_ms >= timeout_ms}
+            if not silent:
+                return
+            self._close_pending(lambda k, _clock: everything if self._clock_key(k) in silent else nothing)
+            for k, starts, *_ in self._closing:
+                name = self._clock_key(k)
+                clocks[name] = close_clock(clocks[name], int(starts.max()) + self._window_ms)
+                self._store_clock(name, clocks[name], fallback_ms, True)
+            if not self._closing:
+                return
+            after = {k: clocks[self._clock_key(k)].watermark_ms(fallback_ms) for k, *_ in self._closing}
+        # the windows' watermark: the key's after closing
+        self._closing = [(*entry[:4], after[entry[0]]) for entry in self._closing]
+        closed_keys = [k for k, *_ in self._closing]
+        yield self._closed_windows(slot, partition_id, fallback_ms)
+        yield self._watermark_rows(slot, partition_id, closed_keys, [after[k] for k in closed_keys], fallback_ms)
+
+    def _fold(
+        self, partials: pd.DataFrame, close_at: dict[str, int] | None = None, values: dict[str, tuple | None] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge open-window partials into the MapState, dropping duplicated event ids.
 
         Args:
@@ -605,6 +696,11 @@ class KeyedWindowProcessor(StatefulProcessor):
                 the key's windows ending at or before it close now: they are collected in
                 `self._closing` as (key, starts, counts, aggregates, watermark) and leave the
                 state. None (global mode): nothing closes here.
+            values: `key`/`dynamic` mode: every touched key's pending-windows value as
+                `_read_clocks` read it (None: no state). The keys' new windows are then staged in
+                `self._staged` (key -> (partials, event_ids), None when none stays open) for
+                `_store_key_state` to write with the clock, not written here. None: read and
+                write the MapState here (`global` and `nkey` mode).
 
         Returns:
             (window starts that stay open and received events, int64 ms; per-event indices of
@@ -636,12 +732,15 @@ class KeyedWindowProcessor(StatefulProcessor):
         values_of_events = None  # the aggregated fields per event, flattened only when some key has a duplicate
         # one listing of the slot's keys, so a key without pending windows costs no read (Spark's
         # state server logs a warning for every read of a missing key)
-        present = {k for (k,) in self._pending.keys()}
+        present = {k for (k,) in self._pending.keys()} if values is None else None
         for lo, hi in zip(group_starts, group_ends):
             key = keys[lo]
             e_lo, e_hi = event_bounds[lo], event_bounds[hi]
             ids = events[e_lo:e_hi]
-            existing = self._pending.getValue((key,)) if key in present else None
+            if values is not None:
+                existing = values.get(key)
+            else:
+                existing = self._pending.getValue((key,)) if key in present else None
             old = unpack_pending(existing[0], self._n) if existing is not None else None
             old_ids = np.frombuffer(existing[1], dtype=np.int64) if existing is not None else np.empty(0, np.int64)
             duplicate = repeated[e_lo:e_hi] | np.isin(ids, old_ids)
@@ -672,11 +771,16 @@ class KeyedWindowProcessor(StatefulProcessor):
                     ids = ids[np.repeat(keep, merged[1])]
                     merged = (merged[0][keep], merged[1][keep], merged[2][:, keep])
                     if not len(merged[0]):
-                        if old is not None:
+                        if values is not None:
+                            self._staged[key] = None
+                        elif old is not None:
                             self._pending.removeKey((key,))
                         continue
             touched.append(merged[0])
-            self._pending.updateValue((key,), (pack_pending(*merged), ids.tobytes()))
+            if values is not None:
+                self._staged[key] = (pack_pending(*merged), ids.tobytes())
+            else:
+                self._pending.updateValue((key,), (pack_pending(*merged), ids.tobytes(), NO_CLOCK))
         touched_starts = np.concatenate(touched) if touched else np.empty(0, np.int64)
         return touched_starts, (np.concatenate(duplicate_indices) if duplicate_indices else None)
 
@@ -770,7 +874,7 @@ class KeyedWindowProcessor(StatefulProcessor):
             yield from self._close_by_fallback(slot, spark_watermark_ms, watermark_ms)
             return
         self._closing = []
-        self._schedule(self._close_pending(lambda k: watermark_ms), spark_watermark_ms)
+        self._schedule(self._close_pending(lambda _key, _clock: watermark_ms), spark_watermark_ms)
         if self._closing:
             yield self._closed_windows(slot, _partition_id(), watermark_ms)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from flight_runs import batches_done, fresh_topic, job_args, start, wait_for
 
@@ -23,6 +24,9 @@ PER_TRIGGER = 8_000
 
 def test_switches_carry_key_watermarks_and_lose_no_flight(stack_settings, tmp_path):
     from keyshift.data.flights import flights_path
+    from keyshift.eventtime.watermarks import KeyClock
+    from keyshift.migration.state import STATE_VAR_COLUMN
+    from keyshift.processing.processor import PENDING_STATE_NAME
     from keyshift.migration.switch import request_switch
     from keyshift.quality.reference import compare_to_reference, reference_windows
 
@@ -36,7 +40,10 @@ def test_switches_carry_key_watermarks_and_lose_no_flight(stack_settings, tmp_pa
         record = request_switch(stack_settings, run_id, strategy, partitions, reason=f"key watermarks {number + 1}", wait_timeout_s=300)
         assert record["state"] == "done", record.get("error")
         assert record["verify"]["placement"]["ok"] and record["verify"]["conservation"]["ok"], record["verify"]
-        assert record["migration"]["state_rows_read"]["key_clocks"] > 0  # the clocks were read and moved with the windows
+        # key mode keeps each key's clock in its pending-windows value: the clocks moved with the windows
+        migrated = pd.read_parquet(run_dir / "switches" / record["switch_id"] / "initial_state.parquet")
+        windows = migrated[migrated[STATE_VAR_COLUMN] == PENDING_STATE_NAME]
+        assert sum(KeyClock.unpack(c) is not None for c in windows["clock"]) > 0, "no clock moved with the windows"
         records.append(record)
     assert process.wait(timeout=1200) == 0, f"the switching run failed; see {tmp_path / 'driver.log'}"
 

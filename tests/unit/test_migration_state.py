@@ -25,14 +25,17 @@ NEW_TOKENS = (20, 21)  # of the new one (P = 2)
 H = 3_600_000
 
 
-def pending(starts, counts, sums, maxes, ids) -> tuple[bytes, bytes]:
-    return pack_pending(np.array(starts), np.array(counts), np.array([sums, maxes])), np.array(ids, np.int64).tobytes()
+def pending(starts, counts, sums, maxes, ids, clock=None) -> tuple[bytes, bytes, bytes]:
+    """A pending-windows value; `clock` a KeyClock (key/dynamic mode) or None."""
+    return (pack_pending(np.array(starts), np.array(counts), np.array([sums, maxes])), np.array(ids, np.int64).tobytes(),
+            clock.pack() if clock is not None else b"")
 
 
-def state_frame(rows: list[tuple[int, str, tuple[bytes, bytes]]]) -> dict[str, pd.DataFrame]:
+def state_frame(rows: list[tuple[int, str, tuple[bytes, bytes, bytes]]]) -> dict[str, pd.DataFrame]:
     return {PENDING_STATE_NAME: pd.DataFrame({
         "old_token": [t for t, _, _ in rows], "partition_id": [OLD_TOKENS.index(t) for t, _, _ in rows],
         "key": [k for _, k, _ in rows], "partials": [v[0] for _, _, v in rows], "event_ids": [v[1] for _, _, v in rows],
+        "clock": [v[2] for _, _, v in rows],
     })}
 
 
@@ -101,13 +104,27 @@ def test_restore_puts_state_and_timers_back():
     fake, registered = FakeMapState(), []
     restore_initial_state(migrated.rows, {PENDING_STATE_NAME: fake}, registered.append, STATE_VARIABLES)
     assert registered == [H - 1]
-    partials, ids = fake.values[("ORD",)]
-    assert unpack_pending(partials, 2)[1].tolist() == [2] and np.frombuffer(ids, np.int64).tolist() == [1, 2]
+    partials, ids, clock = fake.values[("ORD",)]
+    assert unpack_pending(partials, 2)[1].tolist() == [2] and np.frombuffer(ids, np.int64).tolist() == [1, 2] and clock == b""
 
 
 def test_merge_pending_values_of_one_piece_is_that_piece():
     value = pending([0, H], [2, 1], [5, 9], [4, 9], [1, 2, 7])
     assert merge_pending_values([value]) == value
+
+
+def test_the_clocks_of_a_split_keys_pieces_merge_with_their_windows():
+    """key mode: each piece's clock is in its pending value; the merged value's clock waits for
+    the slowest piece (smallest max event time) and never reopens a window any piece closed."""
+    from keyshift.eventtime.watermarks import KeyClock
+
+    fast = pending([2 * H], [1], [3], [3], [8], KeyClock(2 * H + 50, 2 * H, 1_700_000_000_500, 60_000))
+    slow = pending([H], [1], [9], [9], [7], KeyClock(H + 10, H, 1_700_000_000_000, 60_000))
+    only_windows = pending([H], [1], [1], [1], [9])  # a piece whose clock was already freed
+    partials, ids, clock = merge_pending_values([fast, slow, only_windows])
+    assert unpack_pending(partials, 2)[1].tolist() == [2, 1] and np.frombuffer(ids, np.int64).tolist() == [7, 9, 8]
+    assert KeyClock.unpack(clock) == KeyClock(H + 10, 2 * H, 1_700_000_000_500, 60_000)
+    assert merge_pending_values([only_windows])[2] == b""  # no piece had a clock: none after the merge
 
 
 def test_keys_with_state_missing_from_the_plan_get_the_least_loaded_slots():
@@ -129,17 +146,20 @@ def test_windows_and_key_clocks_migrate_together_into_a_spark_initial_state(spar
     from keyshift.eventtime.watermarks import KeyClock
     from keyshift.migration.state import initial_state_frame, save_migrated
 
-    state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2]))])
-    clock = KeyClock(H + 5, H, 1_700_000_000_000, 60_000).as_value()
+    key_clock = KeyClock(H + 7, H, 1_700_000_000_000, 60_000)  # key mode: in ORD's pending value
+    state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2], key_clock))])
+    clock = KeyClock(H + 5, H, 1_700_000_000_000, 60_000).as_value()  # nkey mode: a group's clock in its own map
     state[CLOCK_STATE_NAME] = pd.DataFrame({
-        "old_token": [10, 11], "partition_id": [0, 1], "key": ["ORD", "#3"],
-        **{name: [clock[i], clock[i]] for i, name in enumerate(["max_event_time_ms", "closed_through_ms", "last_seen_ms", "bound_ms", "recent"])},
+        "old_token": [11], "partition_id": [1], "key": ["#3"],
+        **{name: [clock[i]] for i, name in enumerate(["max_event_time_ms", "closed_through_ms", "last_seen_ms", "bound_ms", "recent"])},
     })
     migrated = rekey_state(state, no_timers(), STATE_VARIABLES, lambda key: 1, NEW_TOKENS, OLD_TOKENS)
-    assert migrated.rows_written == {PENDING_STATE_NAME: 1, CLOCK_STATE_NAME: 1 + len(NEW_TOKENS)}  # the group clock on every slot
+    assert migrated.rows_written == {PENDING_STATE_NAME: 1, CLOCK_STATE_NAME: len(NEW_TOKENS)}  # the group clock on every slot
     assert migrated.keys_total == 1  # "#3" is a group, not a key
     path = save_migrated(migrated, tmp_path / "initial_state.parquet")
     grouped = initial_state_frame(spark, path, STATE_VARIABLES)  # grouped by token, as the new query takes it
     rows = grouped.applyInPandas(lambda frame: frame, initial_state_schema(STATE_VARIABLES)).toPandas()
     clocks = rows[rows[STATE_VAR_COLUMN] == CLOCK_STATE_NAME]
-    assert sorted(clocks["key"]) == ["#3", "#3", "ORD"] and set(clocks["max_event_time_ms"]) == {H + 5}
+    assert sorted(clocks["key"]) == ["#3", "#3"] and set(clocks["max_event_time_ms"]) == {H + 5}
+    windows = rows[rows[STATE_VAR_COLUMN] == PENDING_STATE_NAME]
+    assert windows["key"].tolist() == ["ORD"] and KeyClock.unpack(windows["clock"].iloc[0]) == key_clock

@@ -244,4 +244,4 @@ def test_in_key_mode_the_slot_timer_is_the_earliest_clock_or_window_wake_up():
     assert _timers(tester) == [own - 1]
     closed = kind(tester.setWatermark(T0 + 100 * HOUR_MS), "window")  # the fallback passes everything
     assert len(closed) == 96 and closed["count"].sum() == 96
-    assert _timers(tester) == [] and list(tester.handle.getMapState("key_clocks", None, None).keys()) == []
+    assert _timers(tester) == [] and list(tester.handle.getMapState(PENDING_STATE_NAME, None, None).keys()) == []  # clocks freed with the windows

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 from pyspark.sql.streaming.tws_tester import TwsTester
 
-from keyshift.eventtime.watermarks import WatermarkPolicy, watermark_key
+from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, watermark_key
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.processing.local_merge import input_columns, partials_of
 from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor
+from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor, unpack_pending
 
 
 def partials_of_flights(events, *args, **kwargs):
@@ -44,6 +44,13 @@ def rows(*events, partition=SLOT):
 def make_tester(mode, bound_ms=10 * MINUTE, **policy):
     processor = KeyedWindowProcessor(FLIGHT_DELAYS, TOKENS, policy=WatermarkPolicy(mode=mode, bound_ms=bound_ms, **policy))
     return TwsTester(processor, timeMode="EventTime", eventTimeExtractor=lambda row: 2**62)
+
+
+def key_state(tester):
+    """`key`/`dynamic` mode: key -> (open windows, its clock or None), both from the key's one
+    pending-windows value."""
+    state = dict(tester.peekMapState(PENDING_STATE_NAME, TOKEN) or {})
+    return {key[0]: (len(unpack_pending(value[0], len(FLIGHT_DELAYS.aggregates))[0]), KeyClock.unpack(value[2])) for key, value in state.items()}
 
 
 def kind(frame, name):
@@ -116,13 +123,28 @@ def test_dynamic_bound_waits_longer_after_a_burst_of_disorder_and_relaxes_after_
 def test_a_silent_key_closes_through_the_fallback_and_its_state_is_freed():
     per_key = make_tester("key")
     per_key.testInPandas(TOKEN, rows(("ORD", T0 + 5 * MINUTE, 10)))
-    assert dict(per_key.peekMapState(CLOCK_STATE_NAME, TOKEN))
+    windows, clock = key_state(per_key)["ORD"]
+    assert windows == 1 and clock.max_event_time_ms == T0 + 5 * MINUTE  # the clock lives in the key's one value
+    assert not dict(per_key.peekMapState(CLOCK_STATE_NAME, TOKEN) or {})  # key mode does not use the group map
     # the stream moves on (Spark's watermark = max event time - idle lag) past ORD's window
     closed = kind(per_key.setWatermark(T0 + HOUR_MS + 1), "window")
     assert closed[["origin", "count"]].values.tolist() == [["ORD", 1]]
-    assert not dict(per_key.peekMapState(PENDING_STATE_NAME, TOKEN) or {})
-    per_key.setWatermark(T0 + 2 * HOUR_MS)  # past ORD's own watermark too: the clock is freed
-    assert not dict(per_key.peekMapState(CLOCK_STATE_NAME, TOKEN) or {})
+    # its own watermark (closed through T0 + 1 h) no longer raises it above the fallback: the clock is freed, and with it the value
+    assert key_state(per_key) == {}
+
+
+def test_a_key_whose_windows_closed_keeps_its_clock_while_it_raises_the_key_above_the_fallback():
+    per_key = make_tester("key")
+    per_key.testInPandas(TOKEN, rows(("ORD", T0 + 5 * MINUTE, 10), ("ORD", T0 + HOUR_MS + 30 * MINUTE, 2)))
+    assert key_state(per_key)["ORD"][0] == 1  # its own watermark (1:20) closed the first hour at once
+    per_key.setWatermark(T0 + HOUR_MS + 25 * MINUTE)  # nothing to close: the state is left alone
+    per_key.testInPandas(TOKEN, rows(("ORD", T0 + 2 * HOUR_MS + 40 * MINUTE, 4)))
+    windows, clock = key_state(per_key)["ORD"]
+    assert windows == 1 and clock.closed_through_ms == T0 + 2 * HOUR_MS
+    late = kind(per_key.testInPandas(TOKEN, rows(("ORD", T0 + HOUR_MS + 59 * MINUTE, 1))), "late")
+    assert late["origin"].tolist() == ["ORD"]  # against its own watermark (2:30), not the fallback (1:25)
+    per_key.setWatermark(T0 + 3 * HOUR_MS + 1)  # the fallback passes the last window and the clock
+    assert key_state(per_key) == {}
 
 
 def test_timeout_fallback_closes_a_silent_keys_windows_and_keeps_them_closed():
