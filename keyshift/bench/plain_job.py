@@ -10,7 +10,8 @@ engineer writes it from the Structured Streaming guide, and nothing more:
     -> Parquet sink, append mode, `trigger(availableNow=True)`
 
 Set up as well as a user would, and as DESIGN.md measured it: `spark.sql.shuffle.partitions` =
-P (not the default 200), the RocksDB state store, the same driver memory and connector jars as
+P (not the default 200), the RocksDB state store with changelog checkpointing (what Databricks' guide recommends for
+every stateful query), the same driver memory and connector jars as
 keyshift's job. It has no
 dead-letter output, no late output, no accounting, no placement and no migratable state: what
 keyshift adds must not cost throughput against this (issue "Throughput").
@@ -150,16 +151,18 @@ def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -
     sys.stdout.write(json.dumps(result) + "\n")
 
 
-def baseline_session(name: str, partitions: int, settings, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
-    """The session a baseline job runs in, set up as a user would and as keyshift's job is:
-    `spark.sql.shuffle.partitions` = P, the RocksDB state store, UTC, 4 GB driver, the
-    connector jars; `extra_conf` adds or overrides settings. Log level ERROR."""
-    from keyshift.processing.session import ROCKSDB_PROVIDER, build_spark_session
+def baseline_conf(partitions: int, settings, extra_conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark configuration a baseline job runs with, set up as a user would and as keyshift's
+    job is: `spark.sql.shuffle.partitions` = P, the RocksDB state store with changelog
+    checkpointing (`keyshift.processing.session.STATE_STORE_CONF`, as recommended for stateful
+    queries), UTC, 4 GB driver, the connector jars (paths from `settings`); `extra_conf` adds or
+    overrides settings. Nothing of keyshift's own (no Arrow, no Python worker settings)."""
+    from keyshift.processing.session import STATE_STORE_CONF
     from keyshift.stack.spark import connector_jars
 
-    conf = {
+    return {
         "spark.sql.shuffle.partitions": str(partitions),
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        **STATE_STORE_CONF,
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.memory": "4g",
         "spark.ui.showConsoleProgress": "false",
@@ -167,7 +170,13 @@ def baseline_session(name: str, partitions: int, settings, extra_conf: Mapping[s
         "spark.jars": ",".join(str(j) for j in connector_jars(settings)),
         **(extra_conf or {}),
     }
-    spark = build_spark_session(name, settings.spark_master, conf)
+
+
+def baseline_session(name: str, partitions: int, settings, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+    """The session a baseline job runs in (`baseline_conf`), log level ERROR."""
+    from keyshift.processing.session import build_spark_session
+
+    spark = build_spark_session(name, settings.spark_master, baseline_conf(partitions, settings, extra_conf))
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -38,6 +38,7 @@ from keyshift.processing.processor import PENDING_STATE_NAME, state_variables, u
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
+from keyshift.processing.warmup import start_python_workers
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
@@ -526,6 +527,7 @@ def run_flight_delays(
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
+            start_python_workers(spark)  # meanwhile the driver sets up the query; batch 0 then finds them started
         sampler = ResourceSampler(driver_jvm_pid(spark))
         sampler.start()
         task_times = TaskTimeRecorder(spark, run_dir)

@@ -1,0 +1,90 @@
+"""The session every keyshift job runs in: state store settings shared with the baselines, one
+pool of Python workers for both kinds of Python task, and the warm-up that fills it (real Spark)."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor
+
+from keyshift.bench.plain_job import baseline_conf
+from keyshift.processing.session import STATE_STORE_CONF, spark_conf
+from keyshift.processing.warmup import WORKER_MODULES, start_python_workers, warm_python_workers
+
+
+def test_job_and_baseline_run_the_same_state_store():
+    job = spark_conf(8)
+    for key, value in STATE_STORE_CONF.items():
+        assert job[key] == value
+    assert job["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
+    assert job["spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"] == "false"
+    assert spark_conf(8, extra={"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false"})[
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "false"
+
+
+def test_baseline_conf_is_a_plain_users(settings):
+    conf = baseline_conf(32, settings)
+    assert conf["spark.sql.shuffle.partitions"] == "32"
+    assert {key: conf[key] for key in STATE_STORE_CONF} == STATE_STORE_CONF
+    assert not any(key.startswith("spark.sql.execution.pyspark") or "arrow" in key for key in conf)
+    assert baseline_conf(8, settings, {"spark.sql.shuffle.partitions": "4"})["spark.sql.shuffle.partitions"] == "4"
+
+
+def test_warm_workers_serve_the_ingest_and_the_stateful_stage(spark):
+    class Pid(StatefulProcessor):  # local: pickled by value, the workers cannot import this module
+        """Yields its Python worker's pid per key."""
+
+        def init(self, handle):
+            pass
+
+        def handleInputRows(self, key, rows, timerValues):
+            for _ in rows:
+                pass
+            yield pd.DataFrame({"pid": [os.getpid()]})
+
+        def close(self):
+            pass
+
+    warmed = warm_python_workers(spark)
+    assert 1 <= len(warmed) <= spark.sparkContext.defaultParallelism
+
+    def pids(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"pid": [os.getpid()] * batch.num_rows})
+
+    ingest = {r.pid for r in spark.range(4, numPartitions=2).mapInArrow(pids, "pid long").collect()}
+    spark.streams.active  # noqa: B018 -- batch transformWithState needs the state store coordinator
+    stateful = {r.pid for r in spark.range(4).groupBy("id").transformWithStateInPandas(Pid(), "pid long", "Append", "None").collect()}
+    # one pool: the stateful tasks ran in workers that ran mapInArrow tasks before (separate pools,
+    # as with simplified tracebacks on, would start new workers for them)
+    assert stateful <= warmed | ingest
+
+
+def test_warm_up_imports_the_job_modules_and_survives_failure(spark, caplog):
+    thread = start_python_workers(spark)
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+
+    def loaded(batches):
+        import sys
+
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"loaded": [all(name in sys.modules for name in WORKER_MODULES)] * batch.num_rows})
+
+    assert all(r.loaded for r in spark.range(2, numPartitions=2).mapInArrow(loaded, "loaded boolean").collect())
+
+    class Broken:
+        sparkContext = spark.sparkContext
+
+        def range(self, *args, **kwargs):
+            raise RuntimeError("no session")
+
+    with caplog.at_level("WARNING", logger="keyshift.processing.warmup"):
+        failing = start_python_workers(Broken(), workers=2)
+        failing.join(timeout=10)
+    assert "starting Python workers ahead of the query failed (no session)" in caplog.text
