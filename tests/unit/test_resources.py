@@ -7,6 +7,8 @@ import sys
 import textwrap
 import time
 
+import psutil
+
 from keyshift.processing.resources import CpuSeconds, ResourceSampler, events_per_cpu_second
 
 # A stand-in "JVM": waits for a line on stdin, burns CPU itself, starts a child that burns CPU
@@ -55,6 +57,25 @@ def test_cpu_is_counted_per_role_from_the_sampler_start():
     assert cpu.driver_python == 0.0  # the driver is the "JVM" itself here: counted once, as jvm
     assert sampler.peak_rss_bytes > 0 and sampler.peak_children_rss_bytes > 0
     assert cpu.as_dict()["total"] == round(cpu.jvm + cpu.python_workers, 2)
+
+
+def test_only_python_descendants_are_python_workers():
+    # a stand-in "JVM" whose only child is a command (as Hadoop's local file system runs them)
+    tree = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '1']); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, text=True)
+    try:
+        sampler = ResourceSampler(tree.pid, interval_s=0.05, driver_pid=tree.pid)
+        for _ in range(10):
+            sampler.sample()
+            time.sleep(0.05)
+        assert any(child.name() == "sleep" for child in psutil.Process(tree.pid).children())
+        sampler.stop()
+    finally:
+        tree.stdin.close()
+        tree.wait(timeout=30)
+    assert sampler.peak_children_rss_bytes == 0
+    assert sampler.cpu_seconds().python_workers == 0.0
+    assert sampler.peak_rss_bytes > 0
 
 
 def test_events_per_cpu_second():
