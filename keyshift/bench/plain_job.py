@@ -10,8 +10,8 @@ engineer writes it from the Structured Streaming guide, and nothing more:
     -> Parquet sink, append mode, `trigger(availableNow=True)`
 
 Set up as well as a user would, and as DESIGN.md measured it: `spark.sql.shuffle.partitions` =
-P (not the default 200), the RocksDB state store with changelog checkpointing (what Databricks' guide recommends for
-every stateful query), the same driver memory and connector jars as
+P (not the default 200), the RocksDB state store with changelog checkpointing (what Databricks'
+guide recommends for every stateful query), the same driver memory and connector jars as
 keyshift's job. It has no
 dead-letter output, no late output, no accounting, no placement and no migratable state: what
 keyshift adds must not cost throughput against this (issue "Throughput").

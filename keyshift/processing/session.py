@@ -1,8 +1,10 @@
 """The SparkSession every keyshift job runs in, configured from plain arguments.
 
-The configuration follows DESIGN.md: RocksDB state store (transformWithState requires it), shuffle
-partitions = P slots, UTC session time zone, Arrow for pandas, the Kafka connector jars set before
-the first `getOrCreate()`, and the project's interpreter for Python workers.
+The configuration follows DESIGN.md: RocksDB state store (transformWithState requires it) with
+changelog checkpointing (`STATE_STORE_CONF`, shared with the benchmarks' baselines), shuffle
+partitions = P slots, UTC session time zone, Arrow for pandas, simplified Python tracebacks off
+(so that both Python stages share one pool of workers), the Kafka connector jars set before the
+first `getOrCreate()`, and the project's interpreter for Python workers.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ STATE_STORE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
 """The state store every stateful job here runs on, keyshift's and the benchmarks' baselines alike:
-RocksDB (transformWithState requires it) with changelog checkpointing (Spark's structured streaming
-guide documents it; Databricks' guide recommends it for every stateful query): a commit uploads the changed rows instead of
-a snapshot of the store (measured here: 100 to 220 ms per store and batch with snapshots, mostly
-`fileSync`), and snapshots are taken in the background every
-`spark.sql.streaming.stateStore.minDeltasForSnapshot` versions. Spark's state data source, which
+RocksDB (transformWithState requires it) with changelog checkpointing (Spark's structured
+streaming guide documents it; Databricks' guide recommends it for every stateful query): a
+commit uploads the changed rows instead of a snapshot of the store (measured here: 100 to 220 ms
+per store and batch with snapshots, mostly `fileSync`), and snapshots are taken in the background
+every `spark.sql.streaming.stateStore.minDeltasForSnapshot` versions. Spark's state data source, which
 the migration reads, reads both layouts; a checkpoint written without changelogs resumes with them."""
 
 
