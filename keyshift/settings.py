@@ -44,7 +44,7 @@ class Settings(BaseSettings):
         airflow_password: that admin's password; None (the default) uses the one `keyshift stack
             up` generated into the state directory (`keyshift.stack.airflow.admin_password`).
         spark_master: master URL for jobs (`local[*]`, or `spark://host:7077`).
-        partitions: P, the number of slots (Kafka partitions = Spark shuffle partitions).
+        partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 4 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
     """

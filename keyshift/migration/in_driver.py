@@ -20,7 +20,7 @@ from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.migration.state import MapStateVariable, read_state, rekey_state, save_migrated, verify_placement
 from keyshift.migration.switch import SwitchControl, step_index
-from keyshift.placement.tokens import slot_tokens
+from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.failpoints import failpoint
 from keyshift.settings import Settings
 
@@ -82,6 +82,7 @@ def migrate(
     variables: Sequence[MapStateVariable],
     save_segments: Callable[[list[dict[str, Any]]], None],
     stop_requested_at: float,
+    max_stateful_partitions: int | None = None,
 ) -> list[dict[str, Any]]:
     """Steps stopped, migrated, segment, published of a switch whose old query is stopped.
 
@@ -91,6 +92,8 @@ def migrate(
         variables: the job's declared state variables.
         save_segments: writes the segments into the run's job record (the commit point).
         stop_requested_at: wall-clock seconds when the stop was asked (the pause starts there).
+        max_stateful_partitions: the run's cap on stateful partitions: the new query takes
+            min(P', cap) (`FlightDelayJobConfig.max_stateful_partitions`); None: P'.
 
     Returns:
         The segments with the new one appended.
@@ -115,6 +118,7 @@ def migrate(
 
     t = time.monotonic()
     partitions = int(record["partitions_to"])
+    stateful_partitions = min(partitions, max_stateful_partitions or partitions)
     if cut is not None:
         state, timers = read_state(spark, old_checkpoint, variables, cut)
     else:
@@ -126,7 +130,8 @@ def migrate(
     record = complete_mapping(record, {str(k) for name, frame in state.items() for k in frame["key"]
                                        if name not in shared or not shared[name](str(k))})
     slot_of = slot_function(record)
-    migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions), slot_tokens(int(old["partitions"])))
+    migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions, stateful_partitions),
+                           slot_tokens(int(old["partitions"]), old.get("stateful_partitions")))
     index = int(old["index"]) + 1
     state_file = f"switches/{record['switch_id']}/initial_state.parquet"
     save_migrated(migrated, run_dir / state_file)
@@ -143,7 +148,8 @@ def migrate(
     learned = record["strategy_to"] not in ("hash", "modulo")
     segment = {
         "index": index, "checkpoint": f"checkpoint-{index}", "strategy": record["strategy_to"], "partitions": partitions,
-        "epoch": int(record["epoch_to"]), "assignment": {k: int(v) for k, v in record["mapping"].items()} if learned else None,
+        "stateful_partitions": stateful_partitions, "epoch": int(record["epoch_to"]),
+        "assignment": {k: int(v) for k, v in record["mapping"].items()} if learned else None,
         "split": {k: list(v) for k, v in (record.get("split") or {}).items()} or None, "topic": topic,
         "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": base, "watermark_floor_ms": floor,
         "initial_state": state_file, "switch_id": record["switch_id"],
@@ -246,7 +252,8 @@ def verify_and_finish(
 ) -> dict[str, Any]:
     """Steps verified and done, once the new query committed its first batch.
 
-    Every key's state must sit on its assigned slot (state reader `partition_id`); `conservation`
+    Every key's state must sit on the stateful partition of its assigned slot (state reader
+    `partition_id`; `keyshift.placement.tokens.stateful_partition_of_slot`); `conservation`
     (the job's own check, e.g. pending events before + processed - emitted = pending after) is
     recorded beside it. The pause (stop request to first commit) becomes the topic's measured
     migration cost for the cost_aware trigger.
@@ -260,8 +267,11 @@ def verify_and_finish(
     split = {k: tuple(v) for k, v in (record.get("split") or {}).items()}
     slot_of = slot_function(record)
 
-    def slots_of(key: str) -> tuple[int, ...]:
-        return split.get(key) or (slot_of(key),)
+    partitions = int(segment["partitions"])
+    stateful_partitions = int(segment.get("stateful_partitions") or partitions)
+
+    def slots_of(key: str) -> tuple[int, ...]:  # the stateful partitions that may hold the key's state
+        return tuple(stateful_partition_of_slot(slot, partitions, stateful_partitions) for slot in split.get(key) or (slot_of(key),))
 
     t = time.monotonic()
     placement = verify_placement(spark, run_dir / segment["checkpoint"], variables, slots_of, batch_id=0)

@@ -188,7 +188,7 @@ def rekey_state(
         state, timers: from `read_state`.
         variables: the job's declared state variables.
         slot_of: real key -> its slot under the new assignment (a split key: its first piece's).
-        new_tokens: slot -> token of the new query (`slot_tokens(P2)`); `old_tokens` of the old
+        new_tokens: slot -> token of the new query (`slot_tokens(P2, S2)`); `old_tokens` of the old
             query (to tell which keys moved).
 
     Returns:

@@ -44,7 +44,9 @@ Edge = tuple[str, str]
 JOB_EDGES: tuple[Edge, ...] = (("source", "parse"), ("parse", "stateful"), ("stateful", "sink"))
 """The flight and Yahoo jobs' flow network; an edge's capacity is its head stage's (eq. 14)."""
 SCALED = ("parse", "stateful")
-"""Stages whose tasks follow P (Kafka partitions = shuffle partitions); the sink does not."""
+"""Stages whose tasks follow P: the source's Kafka partitions, and the stateful stage's S = P as long
+as P stays within 4 per core (`keyshift.placement.tokens.STATEFUL_PARTITIONS_PER_CORE`, the cap
+`slots_per_core` keeps P under); the sink does not."""
 LAMBDA = 0.85
 """The paper's λ (eq. 10): a partition whose flow reaches 85 % of its capacity is a bottleneck."""
 MAX_BATCHES = 200

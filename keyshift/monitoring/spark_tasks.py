@@ -24,15 +24,16 @@ _BATCH = re.compile(r"^batch = (\d+)$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class KeyedStageTaskSeconds:
-    """Per-slot executor run time of the two keyed stages of each micro-batch, in seconds.
+    """Per-task executor run time of the two keyed stages of each micro-batch, in seconds.
 
     Attributes:
         source: batch id -> P floats (index = Kafka partition = slot): the stage that reads the
             topic, parses and runs Local Merge. Under Ahead KeyBy a partition holds its slot's
             events, so this is where a slot's event load becomes time.
-        stateful: batch id -> P floats (index = slot): the stateful operator's stage. It reads
-            Local Merge's partial aggregates, one row per (key, window, piece) per source task,
-            so its work follows the keys and windows a slot holds more than its events.
+        stateful: batch id -> S floats (index = stateful partition, = slot when S = P): the
+            stateful operator's stage. It reads Local Merge's partial aggregates, one row per
+            (key, window, piece) per source task, so its work follows the keys and windows a
+            slot holds more than its events.
     """
 
     source: dict[int, list[float]]
@@ -40,31 +41,37 @@ class KeyedStageTaskSeconds:
 
 
 def keyed_stage_task_seconds(
-    ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0, skip: frozenset[int] = frozenset()
+    ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0, skip: frozenset[int] = frozenset(),
+    stateful_partitions: int | None = None,
 ) -> KeyedStageTaskSeconds:
-    """Executor run time per slot of each micro-batch's source and stateful stages, in seconds.
+    """Executor run time per task of each micro-batch's source and stateful stages, in seconds.
 
-    A batch's stages are those of P tasks whose description starts with the query's name and
-    carries `batch = N`. The source stage is the batch's first such stage that read input
-    records; the stateful stage is its last one that writes no shuffle (the source stage writes
-    the shuffle to the stateful operator).
+    A batch's stages are those whose description starts with the query's name and carries
+    `batch = N`. The source stage is the batch's first stage of P tasks that read input records;
+    the stateful stage is its last stage of S tasks that writes no shuffle (the source stage
+    writes the shuffle to the stateful operator).
 
     Args:
         ui_url: the Spark UI address (`SparkContext.uiWebUrl`).
         app_id: `SparkContext.applicationId`.
         query_name: the streaming query's name (the first line of its stages' descriptions).
-        partitions: P; only stages of exactly P tasks are keyed stages of the query.
+        partitions: P; the source stage has P tasks, one per Kafka partition (slot).
         timeout_s: HTTP timeout per request, seconds.
         skip: batch ids already read (their tasks are not asked for again).
+        stateful_partitions: S, the stateful stage's tasks (`spark.sql.shuffle.partitions`);
+            None: S = P.
 
     Returns:
-        Both stages' batch id -> list of P floats (seconds, index = slot), for the batches whose
-        stages the UI still retains (`spark.ui.retainedStages`, 1,000 by default).
+        The source stage's batch id -> list of P floats (seconds, index = slot) and the stateful
+        stage's batch id -> list of S floats (index = stateful partition, which holds the slots
+        of `keyshift.placement.tokens.stateful_partition_of_slot`; = slot when S = P), for the
+        batches whose stages the UI still retains (`spark.ui.retainedStages`, 1,000 by default).
 
     Raises:
         requests.RequestException: when the UI does not answer.
     """
     base = f"{ui_url.rstrip('/')}/api/v1/applications/{app_id}"
+    stateful_tasks = partitions if stateful_partitions is None else stateful_partitions
     with requests.Session() as http:
         stages = http.get(f"{base}/stages", params={"status": "complete"}, timeout=timeout_s).json()
         source: dict[int, dict[str, Any]] = {}
@@ -72,23 +79,26 @@ def keyed_stage_task_seconds(
         for stage in stages:
             description = stage.get("description") or ""
             match = _BATCH.search(description)
-            if not match or not description.startswith(query_name + "\n") or stage.get("numTasks") != partitions:
+            if not match or not description.startswith(query_name + "\n") or stage.get("numTasks") not in (partitions, stateful_tasks):
                 continue
             batch = int(match.group(1))
             if batch in skip:
                 continue
-            if stage.get("inputRecords", 0) > 0 and (batch not in source or stage["stageId"] < source[batch]["stageId"]):
+            tasks = stage["numTasks"]
+            if (tasks == partitions and stage.get("inputRecords", 0) > 0
+                    and (batch not in source or stage["stageId"] < source[batch]["stageId"])):
                 source[batch] = stage
-            if stage.get("shuffleWriteRecords", 0) == 0 and (batch not in stateful or stage["stageId"] > stateful[batch]["stageId"]):
+            if (tasks == stateful_tasks and stage.get("shuffleWriteRecords", 0) == 0
+                    and (batch not in stateful or stage["stageId"] > stateful[batch]["stageId"])):
                 stateful[batch] = stage
         return KeyedStageTaskSeconds(
             source={batch: _task_seconds(http, base, stage, partitions, timeout_s) for batch, stage in sorted(source.items())},
-            stateful={batch: _task_seconds(http, base, stage, partitions, timeout_s) for batch, stage in sorted(stateful.items())},
+            stateful={batch: _task_seconds(http, base, stage, stateful_tasks, timeout_s) for batch, stage in sorted(stateful.items())},
         )
 
 
 def _task_seconds(http: requests.Session, base: str, stage: dict[str, Any], partitions: int, timeout_s: float) -> list[float]:
-    """The successful tasks' `executorRunTime` of one stage, seconds, index = partition (slot)."""
+    """The successful tasks' `executorRunTime` of one stage of `partitions` tasks, seconds, index = partition."""
     tasks = http.get(
         f"{base}/stages/{stage['stageId']}/{stage['attemptId']}/taskList",
         params={"length": partitions * 4},

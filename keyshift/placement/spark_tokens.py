@@ -16,16 +16,21 @@ from keyshift.placement.tokens import slot_tokens
 
 
 @lru_cache(maxsize=16)
-def token_lookup(strategy_name: str, partitions: int):
+def token_lookup(strategy_name: str, partitions: int, stateful_partitions: int | None = None):
     """(token_of, tokens): key -> slot token with a per-process cache, and the slot -> token array.
 
+    Args:
+        strategy_name: a rule strategy (`hash`, `modulo`).
+        partitions: P slots.
+        stateful_partitions: S, the query's stateful partitions (`slot_tokens`); None: S = P.
+
     Raises:
-        PlacementError: for an unknown strategy or P < 1.
+        PlacementError: for an unknown strategy, P < 1 or S outside [1, P].
     """
     from keyshift.placement.strategies import strategy_by_name
 
     strategy = strategy_by_name(strategy_name, partitions)
-    tokens = np.asarray(slot_tokens(partitions), dtype=np.int32)
+    tokens = np.asarray(slot_tokens(partitions, stateful_partitions), dtype=np.int32)
     cache: dict[str, int] = {}
 
     def token_of(key: str) -> int:
@@ -37,18 +42,19 @@ def token_lookup(strategy_name: str, partitions: int):
     return token_of, tokens
 
 
-def assignment_token_lookup(mapping: dict[str, int], partitions: int, redis_url: str, store_name: str):
+def assignment_token_lookup(mapping: dict[str, int], partitions: int, redis_url: str, store_name: str,
+                            stateful_partitions: int | None = None):
     """(token_of, tokens) for a learned assignment read from the shared store at job start.
 
     Keys in `mapping` (key -> slot) resolve locally; a key the store did not hold then is placed by
     the store's atomic assign (paper 000 Algorithm 1 on the Redis server), so every executor and
-    every producer agree on its slot.
+    every producer agree on its slot. `stateful_partitions` as in `token_lookup`.
 
     Raises:
         StackError: Redis unreachable for `REDIS_OUTAGE_S` seconds when an unknown key must be
             assigned (a shorter outage, a restart, is waited out).
     """
-    tokens = np.asarray(slot_tokens(partitions), dtype=np.int32)
+    tokens = np.asarray(slot_tokens(partitions, stateful_partitions), dtype=np.int32)
     cache = {key: int(tokens[slot]) for key, slot in mapping.items()}
     store = assign = None
 

@@ -1,11 +1,22 @@
 """Slot tokens: integers that steer a group to a chosen Spark stateful partition.
 
 Spark places the rows of a stateful operator grouped by column `token` on shuffle partition
-`pmod(Murmur3_x86_32(token, seed=42), P)` (HashPartitioning; the same value SQL's `hash(token)`
-returns for an INT column). To place slot s's keys on partition s, the job groups by
-`tokens[s]`, the smallest non-negative int whose partition is s (DESIGN.md, "How a strategy
-reaches Spark's stateful stage"). The token column must be INT (32-bit) both here and in the
-job: a LONG hashes differently.
+`pmod(Murmur3_x86_32(token, seed=42), S)` (HashPartitioning over S = `spark.sql.shuffle.partitions`;
+the same value SQL's `hash(token)` returns for an INT column). The job groups slot s's keys by
+`tokens[s]`, an int Spark places on the stateful partition chosen for s (DESIGN.md, "How a
+strategy reaches Spark's stateful stage"). The token column must be INT (32-bit) both here and in
+the job: a LONG hashes differently.
+
+P slots (the Kafka partitions) and S stateful partitions need not be equal. With S < P, the
+slots are spread over the stateful partitions by range, as Flink spreads key groups over
+operator instances (`KeyGroupRangeAssignment.computeOperatorIndexForKeyGroup`): slot s goes to
+partition `s * S // P`, so each stateful partition holds P/S adjacent slots, every slot keeps a
+token (a grouping key) of its own, and a stateful task per batch serves several slots. Each
+stateful task costs a fixed share of a batch (its Python worker round trip, the state store's
+load and commit: about 0.3 task-seconds measured at P = 32), so on a small engine S = P
+spends the batch on overhead; `default_max_stateful_partitions` caps S at
+`STATEFUL_PARTITIONS_PER_CORE` per core. With S = P every slot is its own partition, and the
+tokens are those of every release before the cap.
 """
 
 from __future__ import annotations
@@ -73,28 +84,87 @@ def spark_partition_of_token(token: int, partitions: int) -> int:
     return spark_hash_int(token) % partitions  # Python's % is pmod for a positive divisor
 
 
-@lru_cache(maxsize=64)
-def slot_tokens(partitions: int, search_limit: int = 1 << 20) -> tuple[int, ...]:
-    """The token of every slot: `tokens[s]` is the smallest int t >= 0 Spark places on slot s.
+STATEFUL_PARTITIONS_PER_CORE = 4
+"""Stateful partitions per core of the engine when the run does not say how many: the P = 8
+runs on 2 cores (4 per core) were the fastest measured; P = 32 stateful tasks on 2 cores spent
+a third of each batch on per-task overhead (issue 11's profile)."""
+
+
+def check_stateful_partitions(partitions: int, stateful_partitions: int) -> None:
+    """Raise PlacementError unless 1 <= stateful_partitions <= partitions."""
+    if partitions < 1:
+        raise PlacementError(f"partitions must be >= 1, got {partitions}")
+    if not 1 <= stateful_partitions <= partitions:
+        raise PlacementError(f"stateful partitions must be between 1 and P = {partitions}, got {stateful_partitions}")
+
+
+def stateful_partition_of_slot(slot: int, partitions: int, stateful_partitions: int) -> int:
+    """The Spark stateful partition that holds slot `slot`: `slot * S // P`.
+
+    Flink's `KeyGroupRangeAssignment.computeOperatorIndexForKeyGroup(maxParallelism=P,
+    parallelism=S, keyGroupId=slot)`: partition i holds the adjacent slots
+    [ceil(i * P / S), ceil((i + 1) * P / S)), P // S or P // S + 1 of them.
 
     Args:
-        partitions: P, the number of slots (= spark.sql.shuffle.partitions), 1 <= P.
+        slot: 0 <= slot < P.
+        partitions: P, the number of slots.
+        stateful_partitions: S, Spark's stateful partitions, 1 <= S <= P.
+
+    Returns:
+        An int in [0, S - 1]; equal to `slot` when S = P.
+
+    Raises:
+        PlacementError: S outside [1, P] or slot outside [0, P - 1].
+    """
+    check_stateful_partitions(partitions, stateful_partitions)
+    if not 0 <= slot < partitions:
+        raise PlacementError(f"slot {slot} is not one of the {partitions} slots")
+    return slot * stateful_partitions // partitions
+
+
+def default_max_stateful_partitions(cores: int) -> int:
+    """How many stateful partitions a run takes at most when it does not say: 4 per core.
+
+    Args:
+        cores: the engine's task slots (Spark's default parallelism; for `local[*]`, the
+            machine's cores), >= 1.
+    """
+    return STATEFUL_PARTITIONS_PER_CORE * max(1, int(cores))
+
+
+@lru_cache(maxsize=64)
+def slot_tokens(partitions: int, stateful_partitions: int | None = None, search_limit: int = 1 << 20) -> tuple[int, ...]:
+    """The token of every slot: the smallest ints Spark places on the slot's stateful partition.
+
+    With S = P (the default) `tokens[s]` is the smallest int t >= 0 with `pmod(hash(t), P) = s`.
+    With S < P, the slots of stateful partition i (`stateful_partition_of_slot`), in slot order,
+    take the smallest ints Spark places on i, in order; the tokens stay distinct, so each slot
+    remains a grouping key (its own state, timers and loads) on a shared partition.
+
+    Args:
+        partitions: P, the number of slots, 1 <= P.
+        stateful_partitions: S = `spark.sql.shuffle.partitions` of the query, 1 <= S <= P;
+            None: S = P.
         search_limit: how many candidate ints to try before giving up.
 
     Returns:
         A tuple of P distinct non-negative ints, index = slot.
 
     Raises:
-        PlacementError: if `partitions` < 1, or some slot has no token below `search_limit`.
+        PlacementError: if P < 1, S is outside [1, P], or some slot has no token below
+            `search_limit`.
     """
-    if partitions < 1:
-        raise PlacementError(f"partitions must be >= 1, got {partitions}")
+    stateful = partitions if stateful_partitions is None else stateful_partitions
+    check_stateful_partitions(partitions, stateful)
+    waiting: list[list[int]] = [[] for _ in range(stateful)]  # per stateful partition: its slots, in order
+    for slot in range(partitions):
+        waiting[slot * stateful // partitions].append(slot)
     tokens: list[int | None] = [None] * partitions
     missing = partitions
     for candidate in range(search_limit):
-        slot = spark_partition_of_token(candidate, partitions)
-        if tokens[slot] is None:
-            tokens[slot] = candidate
+        slots = waiting[spark_partition_of_token(candidate, stateful)]
+        if slots:
+            tokens[slots.pop(0)] = candidate
             missing -= 1
             if missing == 0:
                 return tuple(tokens)  # type: ignore[arg-type]

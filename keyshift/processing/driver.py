@@ -39,7 +39,7 @@ from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.warmup import start_python_workers
-from keyshift.processing.session import build_spark_session, spark_conf
+from keyshift.processing.session import build_spark_session, local_master_cores, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
 from keyshift.processing.sinks import KeyedWindowSink
@@ -59,8 +59,8 @@ class TaskTimeRecorder(threading.Thread):
     Per batch (run-wide id), the per-slot executor seconds of the source and stateful stages
     (`keyshift.monitoring.spark_tasks`), so the balance monitor's flow network
     (`keyshift.monitoring.flow`) can learn stage capacities from a running job. Each refresh asks
-    Spark's REST API only for batches not read yet. `follow(query_name, batch_base, partitions)`
-    points it at a new segment's query.
+    Spark's REST API only for batches not read yet. `follow(query_name, batch_base, partitions,
+    stateful_partitions)` points it at a new segment's query.
     """
 
     def __init__(self, spark: SparkSession, run_dir: Path, interval_s: float = 30.0) -> None:
@@ -70,7 +70,7 @@ class TaskTimeRecorder(threading.Thread):
         self._path = run_dir / "task_seconds.json"
         self._interval_s = interval_s
         self._stop_event = threading.Event()
-        self._query: tuple[str, int, int] | None = None
+        self._query: tuple[str, int, int, int | None] | None = None
         self._read: dict[str, set[int]] = {}
         self.times: dict[str, dict[str, list[float]]] = {"source": {}, "stateful": {}}
         if self._path.exists():
@@ -79,19 +79,21 @@ class TaskTimeRecorder(threading.Thread):
             except ValueError:
                 pass
 
-    def follow(self, query_name: str, batch_base: int, partitions: int) -> None:
-        """Read the stages of `query_name` from now on (its batch b is run-wide batch_base + b)."""
+    def follow(self, query_name: str, batch_base: int, partitions: int, stateful_partitions: int | None = None) -> None:
+        """Read the stages of `query_name` from now on (its batch b is run-wide batch_base + b;
+        P source tasks, S = `stateful_partitions` stateful tasks, None: S = P)."""
         self.refresh()
-        self._query = (query_name, batch_base, partitions)
+        self._query = (query_name, batch_base, partitions, stateful_partitions)
 
     def refresh(self) -> None:
         """Read the batches not read yet and rewrite the file (atomically); never raises."""
         if self._query is None or not self._ui:
             return
-        name, base, partitions = self._query
+        name, base, partitions, stateful_partitions = self._query
         seen = self._read.setdefault(name, set())
         try:
-            timed = keyed_stage_task_seconds(self._ui, self._app, name, partitions, skip=frozenset(seen))
+            timed = keyed_stage_task_seconds(self._ui, self._app, name, partitions, skip=frozenset(seen),
+                                             stateful_partitions=stateful_partitions)
         except (requests.RequestException, ValueError) as exc:
             log.debug("task times not read (%s)", exc)
             return
@@ -283,8 +285,9 @@ def first_segment(config: FlightDelayJobConfig, start: dict[int, int]) -> dict[s
     """The run's first segment: one streaming query, its checkpoint and what it places with.
 
     A segment is what one query of the run does: `checkpoint` (folder name under the run),
-    `strategy`, `partitions`, `epoch`, `assignment`, `split`, `topic`, `start_offsets` (partition
-    -> offset, as text keys), `batch_base` (the run-wide id of its batch 0),
+    `strategy`, `partitions`, `stateful_partitions` (S, the query's `spark.sql.shuffle.partitions`;
+    absent in runs from before it: S = P), `epoch`, `assignment`, `split`, `topic`,
+    `start_offsets` (partition -> offset, as text keys), `batch_base` (the run-wide id of its batch 0),
     `watermark_floor_ms`, `initial_state` (the migrated state's file under the run, or None) and
     `switch_id` (the switch that started it). A switch (`keyshift.migration.switch`) ends a
     segment at a batch boundary and appends the next; the run's ledger, windows table and
@@ -292,7 +295,7 @@ def first_segment(config: FlightDelayJobConfig, start: dict[int, int]) -> dict[s
     """
     return {
         "index": 0, "checkpoint": "checkpoint", "strategy": config.strategy, "partitions": config.partitions,
-        "epoch": config.epoch, "assignment": config.assignment,
+        "stateful_partitions": config.stateful_partitions, "epoch": config.epoch, "assignment": config.assignment,
         "split": {k: list(v) for k, v in (config.split or {}).items()} or None, "topic": config.topic,
         "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": 0, "watermark_floor_ms": 0,
         "initial_state": None, "switch_id": None,
@@ -317,9 +320,11 @@ def load_segments(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def segment_config(config: FlightDelayJobConfig, segment: dict[str, Any]) -> FlightDelayJobConfig:
-    """The run's config with the placement of `segment` (strategy, P, epoch, assignment, split)."""
+    """The run's config with the placement of `segment` (strategy, P, S, epoch, assignment, split)."""
     split = {k: tuple(v) for k, v in (segment.get("split") or {}).items()} or None
-    return replace(config, strategy=segment["strategy"], partitions=int(segment["partitions"]), epoch=int(segment["epoch"]),
+    stateful = segment.get("stateful_partitions")
+    return replace(config, strategy=segment["strategy"], partitions=int(segment["partitions"]),
+                   max_stateful_partitions=int(stateful) if stateful is not None else None, epoch=int(segment["epoch"]),
                    assignment=segment.get("assignment"), split=split)
 
 
@@ -514,6 +519,8 @@ def run_flight_delays(
                 config = replace(config, end_offsets=_wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s))
             if config.strategy in LEARNED_STRATEGIES:
                 config = _with_learned_assignment(settings, config)
+            if config.max_stateful_partitions is None:
+                config = _with_default_stateful_partitions(config, spark, settings.spark_master)
             save_job_record(run_dir, config, start, replay)
         target = config.end_offsets if config.limit else None
         events_target = sum(o - start.get(p, 0) for p, o in target.items()) if target else None
@@ -523,7 +530,7 @@ def run_flight_delays(
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
-            conf = spark_conf(config.partitions, jars=connector_jars(settings))
+            conf = spark_conf(config.stateful_partitions, jars=connector_jars(settings))
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
@@ -559,7 +566,8 @@ def run_flight_delays(
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
         config = segment_config(config, last)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
-        summary.update(_task_time_summary(task_times.times, config.partitions))
+        summary.update(_task_time_summary(task_times.times, config.partitions, config.stateful_partitions))
+        summary["stateful_partitions"] = config.stateful_partitions
         summary["shuffle_write_bytes"] = _shuffle_write_bytes(spark) if own_session else None
         summary["exchange"], summary["emit"] = config.exchange, config.emit
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
@@ -614,7 +622,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         # rest and nothing is published, so do it now, before the old query starts again
         log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record["switch_id"], record["step"],
                  extra=STEP)
-        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, time.time())
+        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, time.time(),
+                                     config.max_stateful_partitions)
         record = control.current()
     elif record is not None and step_index(record["step"]) < step_index("published"):
         in_driver.publish(settings, record)
@@ -627,7 +636,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             seg_config = replace(seg_config, redis_url=settings.redis_url)
         checkpoint = run_dir / segment["checkpoint"]
         recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment["index"])
-        spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.partitions))
+        spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.stateful_partitions))
         if spec.key_windows:
             sink = KeyWindowSink(spec, SlidingWindow(seg_config.window_ms, spec.slide_ms), run_dir, config.run_id, seg_config.epoch,
                                  seg_config.partitions, side_outputs, batch_base=int(segment["batch_base"]))
@@ -650,18 +659,18 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             if not (checkpoint / "offsets").exists():
                 state.clear()  # a new run: nothing of an earlier run under this id may count
             batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.watermark_policy.spark_delay_ms,
-                                             seg_config.window_ms, slot_tokens(seg_config.partitions),
+                                             seg_config.window_ms, slot_tokens(seg_config.partitions, seg_config.stateful_partitions),
                                              int(segment.get("watermark_floor_ms") or 0))
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
-        task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions)
+        task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions, seg_config.stateful_partitions)
         if record is not None and record.get("switch_id") == segment.get("switch_id") and record.get("state") not in ("done", "failed", "rolled_back"):
             record["query_started_at"] = time.time()
             if record.get("published_at"):
                 record.setdefault("step_seconds", {})["start_query"] = round(record["query_started_at"] - float(record["published_at"]), 3)
             control.save(record)
-        log.info("run %s: query started: %s (strategy %s, P=%d, epoch %d, %s watermark, bound %d ms, batch base %d)", config.run_id,
-                 query_name, seg_config.strategy, seg_config.partitions, seg_config.epoch, config.watermark, config.bound_ms,
-                 int(segment["batch_base"]), extra=STEP)
+        log.info("run %s: query started: %s (strategy %s, P=%d on %d stateful partitions, epoch %d, %s watermark, bound %d ms, "
+                 "batch base %d)", config.run_id, query_name, seg_config.strategy, seg_config.partitions, seg_config.stateful_partitions,
+                 seg_config.epoch, config.watermark, config.bound_ms, int(segment["batch_base"]), extra=STEP)
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
             and record.get("switch_id") == segment.get("switch_id") else None
         try:
@@ -698,7 +707,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         stop_at = time.time()
         in_driver.stop_at_cut(query, sink, checkpoint)
         _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
-        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at)
+        segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at,
+                                     config.max_stateful_partitions)
         record = control.current()
 
 
@@ -896,6 +906,21 @@ def _watch(
         time.sleep(0.1)
 
 
+def _with_default_stateful_partitions(config: FlightDelayJobConfig, spark: SparkSession | None, master: str) -> FlightDelayJobConfig:
+    """`config` with `max_stateful_partitions` = `default_max_stateful_partitions` of the engine's
+    cores: the session's default parallelism when it runs already, else a local master's
+    (`local_master_cores`). On a cluster master not started yet the cap stays None (S = P)."""
+    from keyshift.placement.tokens import default_max_stateful_partitions
+
+    cores = spark.sparkContext.defaultParallelism if spark is not None else local_master_cores(master)
+    if cores is None:
+        return config
+    config = replace(config, max_stateful_partitions=default_max_stateful_partitions(cores))
+    log.info("run %s: %d slots on %d stateful partitions (at most %d: %d per core of %d)", config.run_id, config.partitions,
+             config.stateful_partitions, config.max_stateful_partitions, config.max_stateful_partitions // cores, cores, extra=STEP)
+    return config
+
+
 def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -> FlightDelayJobConfig:
     """`config` with the assignment and epoch published in Redis under the input topic's name.
 
@@ -924,14 +949,16 @@ def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -
     )
 
 
-def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int) -> dict[str, Any]:
-    """Per-slot task seconds (Σ over batches) and makespan ratios of the source and stateful stages.
+def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int, stateful_partitions: int | None = None) -> dict[str, Any]:
+    """Per-task task seconds (Σ over batches) and makespan ratios of the source and stateful stages.
 
-    `times` is `TaskTimeRecorder.times` (stage -> run-wide batch id -> seconds per slot, also in
+    `times` is `TaskTimeRecorder.times` (stage -> run-wide batch id -> seconds per task, also in
     `runs/<run_id>/task_seconds.json`). `per_slot_task_seconds` and `stateful_makespan_ratio` are
-    the stateful stage's; the source stage's are `per_slot_source_task_seconds` and
+    the stateful stage's, per stateful partition (S of them, `stateful_partitions`, None: P; a
+    partition holds the slots of `keyshift.placement.tokens.stateful_partition_of_slot`, one
+    when S = P); the source stage's are `per_slot_source_task_seconds` (per slot) and
     `source_makespan_ratio`; `makespan_ratio_after_warmup` gives both without batch 0 (see
-    `after_warmup`). A run whose switch changed P sums each slot over the batches that had it.
+    `after_warmup`). A run whose switch changed P sums each task over the batches that had it.
     """
     source = {int(b): v for b, v in times.get("source", {}).items()}
     stateful = {int(b): v for b, v in times.get("stateful", {}).items()}
@@ -939,15 +966,15 @@ def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int
         return dict.fromkeys(("per_slot_task_seconds", "stateful_makespan_ratio", "per_slot_source_task_seconds",
                               "source_makespan_ratio", "makespan_ratio_after_warmup"))  # all None: not timed
 
-    def totals(per_batch: dict[int, list[float]]) -> list[float]:
-        width = max([partitions, *(len(v) for v in per_batch.values())])
+    def totals(per_batch: dict[int, list[float]], tasks: int) -> list[float]:
+        width = max([tasks, *(len(v) for v in per_batch.values())])
         return [round(sum(batch[slot] for batch in per_batch.values() if slot < len(batch)), 3) for slot in range(width)]
 
     return {
-        "per_slot_task_seconds": totals(stateful),
+        "per_slot_task_seconds": totals(stateful, partitions if stateful_partitions is None else stateful_partitions),
         "stateful_makespan_ratio": makespan_ratio(stateful),
         "stateful_batches_timed": len(stateful),
-        "per_slot_source_task_seconds": totals(source),
+        "per_slot_source_task_seconds": totals(source, partitions),
         "source_makespan_ratio": makespan_ratio(source),
         "source_batches_timed": len(source),
         "makespan_ratio_after_warmup": {

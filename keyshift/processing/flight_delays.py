@@ -7,7 +7,8 @@ source (Kafka rows: key, value, partition, offset)
    dead-letter payloads, then Local Merge: partials per (key, window) with the slot token from
    the assignment, each carrying its largest event time
 -> event-time watermark over that largest event time -> drop end-of-input markers
--> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids)
+-> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids),
+   over `FlightDelayJobConfig.stateful_partitions` Spark partitions (each slot a token of its own)
 
 A spec with `window="key_windows"` (sliding windows, paper 003) shares the ingest (without Local
 Merge: one row per event) and the watermark, then takes
@@ -76,7 +77,13 @@ class FlightDelayJobConfig:
         run_id: names the run's folder `runs/<run_id>/` and its Redis records.
         job: the job's name (`keyshift.jobs.job_spec`), default `flight_delays`.
         strategy: placement strategy name, one of `JOB_STRATEGIES`.
-        partitions: P slots = Kafka partitions of the input = Spark shuffle partitions.
+        partitions: P slots = Kafka partitions of the input.
+        max_stateful_partitions: Spark's stateful partitions at most; the query takes
+            `stateful_partitions` = min(P, this) (`spark.sql.shuffle.partitions`) and spreads the
+            slots over them by range (`keyshift.placement.tokens.stateful_partition_of_slot`).
+            None: one per slot (S = P). A new run started by
+            `keyshift.processing.driver.run_flight_delays` without one gets
+            `default_max_stateful_partitions` of its engine's cores, kept in its job record.
         epoch: the assignment epoch in force, written on every window.
         bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
         window_ms: window size p, ms of event time (tumbling; or the sliding window's size of a
@@ -121,6 +128,7 @@ class FlightDelayJobConfig:
     job: str = "flight_delays"
     strategy: str = "hash"
     partitions: int = 8
+    max_stateful_partitions: int | None = None
     epoch: int = 0
     bound_ms: int = HOUR_MS
     window_ms: int = HOUR_MS
@@ -149,6 +157,20 @@ class FlightDelayJobConfig:
         from keyshift.jobs import job_spec
 
         return job_spec(self.job)
+
+    @property
+    def stateful_partitions(self) -> int:
+        """S, the query's stateful partitions (`spark.sql.shuffle.partitions`): min(P,
+        `max_stateful_partitions`), or P when that is None.
+
+        Raises:
+            ConfigurationError: `max_stateful_partitions` < 1.
+        """
+        if self.max_stateful_partitions is None:
+            return self.partitions
+        if self.max_stateful_partitions < 1:
+            raise ConfigurationError(f"max_stateful_partitions must be >= 1, got {self.max_stateful_partitions}")
+        return min(self.partitions, self.max_stateful_partitions)
 
     @property
     def watermark_policy(self) -> WatermarkPolicy:
@@ -246,7 +268,7 @@ def flight_delay_stream(
         config.check_exchange()
         emit = None if config.exchange == "plain" else parse_emit(config.emit)
         rows_of = partials_function(spec, config.strategy, config.partitions, config.window_ms, config.assignment, store, config.split,
-                                    emit)
+                                    emit, config.stateful_partitions)
         row_schema, event_times_of = partial_schema(spec), event_times_of_partials
     staged = kafka_rows.select("key", "value", "partition", "offset").mapInArrow(
         ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
@@ -263,11 +285,12 @@ def flight_delay_stream(
     )
     if spec.key_windows:
         return key_window_stream(rows, spec, config.strategy, config.partitions, config.window_ms,
-                                 policy, config.assignment, store, watermark_floor_ms, initial_state)
+                                 policy, config.assignment, store, watermark_floor_ms, initial_state, config.stateful_partitions)
     return (
         rows.groupBy("token")
         .transformWithStateInPandas(
-            statefulProcessor=KeyedWindowProcessor(spec, slot_tokens(config.partitions), config.window_ms, watermark_floor_ms, policy),
+            statefulProcessor=KeyedWindowProcessor(spec, slot_tokens(config.partitions, config.stateful_partitions), config.window_ms,
+                                                   watermark_floor_ms, policy),
             outputStructType=output_schema(spec),
             outputMode="Append",
             timeMode="EventTime",

@@ -245,7 +245,7 @@ class KeyWindowProcessor(StatefulProcessor):
     Python workers and calls it per slot token and batch.
 
     Args:
-        tokens: slot -> token (`keyshift.placement.tokens.slot_tokens(P)`), to name each group's slot.
+        tokens: slot -> token (`keyshift.placement.tokens.slot_tokens(P, S)`), to name each group's slot.
         window: the sliding window (size p, slide s, ms of event time).
         policy: watermark mode and parameters (default `global` with a one-hour bound); the
             query's `withWatermark` delay must be `policy.spark_delay_ms`.

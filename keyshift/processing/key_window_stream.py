@@ -73,18 +73,19 @@ def tokens_of_rows(rows: pd.DataFrame, key: str, token_of, tokens: np.ndarray) -
 
 
 def key_window_input_function(spec: JobSpec, strategy_name: str, partitions: int, assignment: dict[str, int] | None = None,
-                              store: tuple[str, str] | None = None):
+                              store: tuple[str, str] | None = None, stateful_partitions: int | None = None):
     """The `mapInPandas` function: a Spark partition of parsed records -> `key_window_input_schema`
     rows with their slot tokens, placed as Local Merge places them (`strategy_name`'s rule, or a
-    learned `assignment` with `store` = (redis_url, assignment name) for keys it lacks)."""
+    learned `assignment` with `store` = (redis_url, assignment name) for keys it lacks), steered
+    to S = `stateful_partitions` stateful partitions (None: S = P)."""
     schema = key_window_input_schema(spec)
     c = key_window_columns(spec)
 
     def place(chunks: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         if assignment is not None:
-            token_of, tokens = assignment_token_lookup(assignment, partitions, *store)
+            token_of, tokens = assignment_token_lookup(assignment, partitions, *store, stateful_partitions)
         else:
-            token_of, tokens = token_lookup(strategy_name, partitions)
+            token_of, tokens = token_lookup(strategy_name, partitions, stateful_partitions)
         for chunk in chunks:
             if not len(chunk):
                 continue
@@ -111,7 +112,7 @@ def check_key_window_run(spec: JobSpec, split: Mapping[str, Sequence[int]] | Non
 
 def key_window_stream(events: DataFrame, spec: JobSpec, strategy: str, partitions: int, window_ms: int, policy: WatermarkPolicy,
                       assignment: dict[str, int] | None = None, store: tuple[str, str] | None = None,
-                      watermark_floor_ms: int = 0, initial_state=None) -> DataFrame:
+                      watermark_floor_ms: int = 0, initial_state=None, stateful_partitions: int | None = None) -> DataFrame:
     """Slot tokens -> groupBy(token).transformWithStateInPandas(KeyWindowProcessor).
 
     Args:
@@ -122,6 +123,7 @@ def key_window_stream(events: DataFrame, spec: JobSpec, strategy: str, partition
             slide s is `spec.slide_ms`. policy: the watermark policy (the query's `withWatermark`
             delay must be `policy.spark_delay_ms`). watermark_floor_ms: see `KeyWindowProcessor`.
         initial_state: migrated state (a switch), or None.
+        stateful_partitions: S, the query's `spark.sql.shuffle.partitions` (None: S = P).
 
     Returns:
         A streaming DataFrame of `key_window_output_schema(key_window_columns(spec))` rows, append mode.
@@ -130,8 +132,10 @@ def key_window_stream(events: DataFrame, spec: JobSpec, strategy: str, partition
         ConfigurationError: `spec` is not a key-window spec, or p is not a multiple of s.
     """
     columns = key_window_columns(spec)
-    processor = KeyWindowProcessor(slot_tokens(partitions), SlidingWindow(window_ms, spec.slide_ms), policy, columns, watermark_floor_ms)
-    placed = events.mapInPandas(key_window_input_function(spec, strategy, partitions, assignment, store), key_window_input_schema(spec))
+    processor = KeyWindowProcessor(slot_tokens(partitions, stateful_partitions), SlidingWindow(window_ms, spec.slide_ms), policy, columns,
+                                   watermark_floor_ms)
+    placed = events.mapInPandas(key_window_input_function(spec, strategy, partitions, assignment, store, stateful_partitions),
+                                key_window_input_schema(spec))
     return placed.groupBy(columns.token).transformWithStateInPandas(
         statefulProcessor=processor, outputStructType=processor.output_schema, outputMode="Append", timeMode="EventTime",
         initialState=initial_state,

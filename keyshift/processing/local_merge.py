@@ -236,6 +236,7 @@ def partials_function(
     store: tuple[str, str] | None = None,
     split: Mapping[str, Sequence[int]] | None = None,
     emit: Emit | None = EMIT_BATCH,
+    stateful_partitions: int | None = None,
 ):
     """Local Merge as the engine's ingest stage runs it (`keyshift.processing.ingest`): a
     function from one Spark partition's ingested events (a table of `input_columns(spec)`) to
@@ -253,6 +254,8 @@ def partials_function(
     key's events are spread over its slots by `row_tokens`; the sink merges the key's windows
     from those slots before writing them. `emit` is the emit mode (`keyshift.processing.exchange`;
     default `batch`, the whole slice at once); None is the `plain` exchange: one partial per event.
+    `stateful_partitions` is S, the query's stateful partitions the slot tokens steer to
+    (`keyshift.placement.tokens.slot_tokens`; None: S = P).
     """
     placement: list = []
     schema = arrow_partial_schema(spec)
@@ -260,9 +263,9 @@ def partials_function(
     def merge(events: pa.Table) -> pa.Table:
         if not placement:
             if assignment is not None:
-                token_of, tokens = assignment_token_lookup(assignment, partitions, *store)
+                token_of, tokens = assignment_token_lookup(assignment, partitions, *store, stateful_partitions)
             else:
-                token_of, tokens = token_lookup(strategy_name, partitions)
+                token_of, tokens = token_lookup(strategy_name, partitions, stateful_partitions)
             placement.append((token_of, tokens, {key: tokens[list(slots)] for key, slots in (split or {}).items()}))
         token_of, tokens, split_tokens = placement[0]
         return partials_arrow(events, spec, token_of, tokens, window_ms, split_tokens, schema, emit)

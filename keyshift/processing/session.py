@@ -2,7 +2,7 @@
 
 The configuration follows DESIGN.md: RocksDB state store (transformWithState requires it) with
 changelog checkpointing (`STATE_STORE_CONF`, shared with the benchmarks' baselines), shuffle
-partitions = P slots, UTC session time zone, Arrow for pandas, simplified Python tracebacks off
+partitions = S (the stateful partitions P slots are spread over), UTC session time zone, Arrow for pandas, simplified Python tracebacks off
 (so that both Python stages share one pool of workers), the Kafka connector jars set before the
 first `getOrCreate()`, and the project's interpreter for Python workers.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterable
@@ -43,7 +44,8 @@ def spark_conf(
     """The Spark configuration of a keyshift job.
 
     Args:
-        partitions: P, the number of slots; becomes `spark.sql.shuffle.partitions`.
+        partitions: S, the stateful partitions of the query (P slots spread over them,
+            `keyshift.placement.tokens`); becomes `spark.sql.shuffle.partitions`.
         jars: jar files to put on the classpath (`spark.jars`), e.g. the Kafka connector.
         driver_memory: JVM heap of the driver (in local mode: of the whole engine).
         extra: further settings, applied last.
@@ -70,6 +72,18 @@ def spark_conf(
         conf["spark.jars"] = jar_list
     conf.update(extra or {})
     return conf
+
+
+def local_master_cores(master: str) -> int | None:
+    """The task slots of a local Spark master: `local` 1, `local[N]` (or `local[N,F]`) N,
+    `local[*]` the machine's cores (`os.cpu_count()`); None for any other master (a cluster's
+    cores are known once its session runs: `SparkContext.defaultParallelism`)."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    if match.group(1) in (None, ""):
+        return 1
+    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
 
 
 def build_spark_session(

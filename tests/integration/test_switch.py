@@ -9,11 +9,16 @@ each through `keyshift.migration.switch.request_switch` (what `keyshift switch` 
 DAG call), each carried out inside the running driver. Its windows table must be the oracle's row
 by row (apart from `slot` and `epoch`), its counts and side outputs the oracle's, and after each
 switch every key's state on its new slot (the state reader's `partition_id`).
+
+A third run reads the same records with its 8 slots spread over 3 stateful partitions
+(`--max-stateful-partitions 3`, slots 0-2, 3-5 and 6-7): again the oracle's windows, counts
+and side outputs, with every key's state on its slot's stateful partition.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from flight_runs import assert_equals_the_oracle, batches_done, fresh_topic, job_args, run_oracle, start, wait_for
@@ -47,6 +52,11 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
     summary = assert_equals_the_oracle(stack_settings, run_id, oracle)
     assert summary["late_events"] == oracle["summary"]["late_events"]  # late events caused by switches: 0
     assert len(summary["switches"]) == 3 and summary["partitions"] == 12
+    # the driver's default: 4 stateful partitions per core, so on 2 cores P = 12 runs on 8
+    segments = json.loads((run_dir / "job.json").read_text())["segments"]
+    cap = 4 * os.cpu_count()
+    assert [s["stateful_partitions"] for s in segments] == [min(p, cap) for p in (8, 8, 8, 12)]
+    assert summary["stateful_partitions"] == min(12, cap)
     history = SwitchControl.from_settings(stack_settings, run_id).history()
     assert [h["switch_id"] for h in history] == [r["switch_id"] for r in reversed(records)]
     epochs = [r["epoch_to"] for r in records]
@@ -59,3 +69,28 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
     for r in records:
         print(f"{r['strategy_from']}/{r['partitions_from']} -> {r['strategy_to']}/{r['partitions_to']}: pause {r['pause_seconds']} s, "
               f"steps {r['step_seconds']}, state rows {r['migration']['state_rows_written']}")
+
+
+def test_slots_over_fewer_stateful_partitions_equal_the_run_with_one_per_slot(stack_settings, oracle, spark, tmp_path):
+    from keyshift.placement.strategies import strategy_by_name
+    from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
+    from keyshift.processing.processor import PENDING_STATE_NAME
+
+    topic = run_id = fresh_topic(stack_settings, "stateful3")
+    run_dir = stack_settings.runs_dir / run_id
+    process = start([*job_args(topic, run_id), "--max-stateful-partitions", "3"], tmp_path / "driver.log")
+    assert process.wait(timeout=1200) == 0, f"the run failed; see {tmp_path / 'driver.log'}"
+
+    summary = assert_equals_the_oracle(stack_settings, run_id, oracle)
+    assert summary["stateful_partitions"] == 3 and summary["partitions"] == 8
+    assert len(summary["per_slot_task_seconds"]) == 3 and all(s > 0 for s in summary["per_slot_task_seconds"])
+    assert len(summary["per_slot_source_task_seconds"]) == 8
+    assert sum(summary["per_slot_events"]) == summary["events_read"]  # loads stay per slot
+    state = (spark.read.format("statestore").option("path", str(run_dir / "checkpoint")).option("stateVarName", PENDING_STATE_NAME)
+             .option("batchId", 0).load().selectExpr("key.token AS token", "user_map_key.origin AS origin", "partition_id").toPandas())
+    assert len(state) > 100
+    hash_strategy, tokens = strategy_by_name("hash", 8), slot_tokens(8, 3)
+    for row in state.itertuples():
+        slot = hash_strategy.slot_of(row.origin)
+        assert (row.token, row.partition_id) == (tokens[slot], stateful_partition_of_slot(slot, 8, 3)), row
+    assert set(state["partition_id"]) == {0, 1, 2}

@@ -58,6 +58,32 @@ def test_job_record_round_trip(tmp_path):
     assert start == {0: 0, 1: 5, 2: 0, 3: 0} and replay == {"events_produced": "17"}
 
 
+def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
+    from keyshift.processing.driver import load_segments, segment_config
+
+    config = FlightDelayJobConfig(run_id="r2", partitions=32, max_stateful_partitions=8)
+    assert config.stateful_partitions == 8
+    save_job_record(tmp_path, config, {p: 0 for p in range(32)}, {})
+    loaded, _, _ = load_job_record(tmp_path)
+    [segment] = load_segments(tmp_path)
+    assert loaded.max_stateful_partitions == 8 and segment["stateful_partitions"] == 8
+    assert segment_config(loaded, segment).stateful_partitions == 8
+    # a switch's segment at P = 4 runs min(4, 8) = 4; a segment of a run from before the cap has none: S = P
+    assert segment_config(loaded, {**segment, "partitions": 4, "stateful_partitions": 4}).stateful_partitions == 4
+    old = {k: v for k, v in segment.items() if k != "stateful_partitions"}
+    assert segment_config(loaded, old).stateful_partitions == 32
+
+
+def test_stateful_partitions_are_at_most_p():
+    from keyshift.errors import ConfigurationError
+
+    assert FlightDelayJobConfig(run_id="r", partitions=8).stateful_partitions == 8
+    assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=64).stateful_partitions == 8
+    assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=3).stateful_partitions == 3
+    with pytest.raises(ConfigurationError, match="max_stateful_partitions"):
+        _ = FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=0).stateful_partitions
+
+
 def test_resuming_without_a_job_record_names_the_problem(tmp_path):
     from keyshift.errors import ConfigurationError
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pandas as pd
+import pytest
 from pyspark.sql.streaming import StatefulProcessor
 
 from keyshift.bench.plain_job import baseline_conf
@@ -88,3 +89,11 @@ def test_warm_up_imports_the_job_modules_and_survives_failure(spark, caplog):
         failing = start_python_workers(Broken(), workers=2)
         failing.join(timeout=10)
     assert "starting Python workers ahead of the query failed (no session)" in caplog.text
+
+
+@pytest.mark.parametrize(("master", "cores"), [("local", 1), ("local[3]", 3), ("local[4,2]", 4), ("local[*]", os.cpu_count()),
+                                               ("spark://host:7077", None), ("yarn", None), ("local[x]", None)])
+def test_local_master_cores(master, cores):
+    from keyshift.processing.session import local_master_cores
+
+    assert local_master_cores(master) == cores

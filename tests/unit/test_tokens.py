@@ -3,7 +3,9 @@
 import pytest
 
 from keyshift.errors import PlacementError
-from keyshift.placement.tokens import slot_tokens, spark_hash_int, spark_partition_of_token
+from keyshift.placement.tokens import (
+    default_max_stateful_partitions, slot_tokens, spark_hash_int, spark_partition_of_token, stateful_partition_of_slot,
+)
 
 # Vectors from Spark 4.2.0: SELECT hash(CAST(v AS INT)).
 SPARK_HASH_VECTORS = [
@@ -66,3 +68,73 @@ def test_learned_assignment_tokens_follow_the_published_map():
     assert token_of("ORD") == slot_tokens(8)[3]
     assert token_of("LGA") == slot_tokens(8)[0]
     assert list(tokens) == list(slot_tokens(8))
+
+
+# --- P slots over S < P stateful partitions (Flink's KeyGroupRangeAssignment) ------------------
+
+def test_stateful_partition_of_slot_is_flinks_range_assignment():
+    # computeOperatorIndexForKeyGroup(maxParallelism=P, parallelism=S, keyGroupId=slot) = slot * S / P
+    assert [stateful_partition_of_slot(s, 32, 8) for s in range(32)] == [s // 4 for s in range(32)]
+    assert [stateful_partition_of_slot(s, 8, 3) for s in range(8)] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert [stateful_partition_of_slot(s, 5, 5) for s in range(5)] == [0, 1, 2, 3, 4]
+    assert {stateful_partition_of_slot(s, 7, 1) for s in range(7)} == {0}
+
+
+@pytest.mark.parametrize(("partitions", "stateful"), [(32, 8), (8, 3), (16, 16), (200, 7), (5, 1)])
+def test_slot_tokens_over_fewer_stateful_partitions(partitions, stateful):
+    tokens = slot_tokens(partitions, stateful)
+    assert len(tokens) == partitions and len(set(tokens)) == partitions  # every slot keeps a grouping key of its own
+    for slot, token in enumerate(tokens):
+        assert spark_partition_of_token(token, stateful) == stateful_partition_of_slot(slot, partitions, stateful)
+    # each partition's slots take, in slot order, the smallest ints that land on it
+    for part in range(stateful):
+        own = [tokens[s] for s in range(partitions) if stateful_partition_of_slot(s, partitions, stateful) == part]
+        landing = [t for t in range(max(own) + 1) if spark_partition_of_token(t, stateful) == part]
+        assert own == landing
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 8, 32])
+def test_one_slot_per_stateful_partition_keeps_the_old_tokens(partitions):
+    assert slot_tokens(partitions, partitions) == slot_tokens(partitions) == slot_tokens(partitions, None)
+
+
+@pytest.mark.parametrize(("partitions", "stateful"), [(8, 0), (8, 9), (0, 1)])
+def test_stateful_partitions_must_be_between_one_and_p(partitions, stateful):
+    with pytest.raises(PlacementError, match="partitions"):
+        slot_tokens(partitions, stateful)
+    with pytest.raises(PlacementError, match="partitions"):
+        stateful_partition_of_slot(0, partitions, stateful)
+
+
+def test_slot_outside_the_slots_is_refused():
+    with pytest.raises(PlacementError, match="slot 8"):
+        stateful_partition_of_slot(8, 8, 2)
+
+
+def test_default_cap_is_four_stateful_partitions_per_core():
+    assert default_max_stateful_partitions(2) == 8
+    assert default_max_stateful_partitions(16) == 64
+    assert default_max_stateful_partitions(0) == 4
+
+
+def test_fewer_stateful_partitions_match_spark_sql(spark):
+    """With S < P, Spark's hash partitioning over S puts each slot's token on its range partition."""
+    for partitions, stateful in ((32, 8), (8, 3)):
+        tokens = slot_tokens(partitions, stateful)
+        rows = spark.createDataFrame([(t,) for t in tokens], "token INT").selectExpr(
+            f"pmod(hash(token), {stateful}) AS partition"
+        ).collect()
+        assert [row.partition for row in rows] == [stateful_partition_of_slot(s, partitions, stateful) for s in range(partitions)]
+
+
+def test_token_lookup_steers_to_the_stateful_partitions():
+    from keyshift.placement.spark_tokens import token_lookup
+    from keyshift.placement.strategies import HashStrategy
+
+    token_of, tokens = token_lookup("hash", 32, 8)
+    assert list(tokens) == list(slot_tokens(32, 8))
+    strategy = HashStrategy(partitions=32)
+    for key in ("ORD", "LGA", "SFO", "ATL", "DEN"):
+        slot = strategy.slot_of(key)
+        assert token_of(key) == slot_tokens(32, 8)[slot]
+        assert spark_partition_of_token(token_of(key), 8) == slot // 4
