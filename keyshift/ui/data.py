@@ -8,7 +8,7 @@ Where each input comes from:
 | --- | --- | --- |
 | `runs/<run_id>/progress.jsonl` | `keyshift.runs.RunRecorder.progress` | one JSON object per micro-batch (a replayed batch appears twice: the last wins) |
 | `runs/<run_id>/batches/<id>.json` | the sink's ledger | per batch `per_slot_events` (the authoritative counts) |
-| `runs/<run_id>/task_seconds.json` | `keyshift.processing.driver.TaskTimeRecorder` | `{"source"|"stateful": {batch_id: [seconds per slot]}}` |
+| `runs/<run_id>/task_seconds.json` | `keyshift.processing.driver.TaskTimeRecorder` | `{"source"|"stateful": {batch_id: [seconds per task]}}` (source: per slot; stateful: per stateful partition) |
 | `runs/<run_id>/job.json` | the driver | `config` and, after a switch, `segments` (strategy, partitions, epoch per segment) |
 | `runs/<run_id>/quality.json`, `pipeline.json` `quality` | `keyshift dq run` / the demo, the pipeline's `data_quality` task | suites with rows, evaluated and failed expectations, `data_docs` |
 | monitor records | `keyshift.monitoring.results.ResultStore.save` | `evaluate.evaluation_record` plus `consumer_lag` |
@@ -159,14 +159,14 @@ def segment_starts(batches: Sequence[BatchLoad]) -> list[BatchLoad]:
 
 
 def task_seconds(document: Mapping[str, Any] | None) -> dict[str, list[tuple[int, tuple[float, ...]]]]:
-    """Per stage, each batch's executor seconds per slot, in batch order.
+    """Per stage, each batch's executor seconds per task, in batch order.
 
     Args:
-        document: the content of `task_seconds.json` (`{"source"|"stateful": {batch id: [s per slot]}}`),
-            or None.
+        document: the content of `task_seconds.json` (`{"source"|"stateful": {batch id: [s per task]}}`:
+            the source's tasks are slots, the stateful stage's its stateful partitions), or None.
 
     Returns:
-        `{stage: [(batch id, seconds per slot), ...]}` for the stages that hold any batch.
+        `{stage: [(batch id, seconds per task), ...]}` for the stages that hold any batch.
     """
     stages: dict[str, list[tuple[int, tuple[float, ...]]]] = {}
     for stage, per_batch in (document or {}).items():

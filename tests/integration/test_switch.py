@@ -86,6 +86,7 @@ def test_slots_over_fewer_stateful_partitions_equal_the_run_with_one_per_slot(st
     assert len(summary["per_slot_task_seconds"]) == 3 and all(s > 0 for s in summary["per_slot_task_seconds"])
     assert len(summary["per_slot_source_task_seconds"]) == 8
     assert sum(summary["per_slot_events"]) == summary["events_read"]  # loads stay per slot
+    spark.streams.active  # noqa: B018 - the state store coordinator the reader's tasks report to (no query ran in this session)
     state = (spark.read.format("statestore").option("path", str(run_dir / "checkpoint")).option("stateVarName", PENDING_STATE_NAME)
              .option("batchId", 0).load().selectExpr("key.token AS token", "user_map_key.origin AS origin", "partition_id").toPandas())
     assert len(state) > 100
