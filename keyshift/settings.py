@@ -44,6 +44,9 @@ class Settings(BaseSettings):
         airflow_password: that admin's password; None (the default) uses the one `keyshift stack
             up` generated into the state directory (`keyshift.stack.airflow.admin_password`).
         spark_master: master URL for jobs (`local[*]`, or `spark://host:7077`).
+        spark_driver_memory: the job driver's JVM heap (`spark.driver.memory`, e.g. `2g`, the
+            default: `keyshift.processing.session.DEFAULT_DRIVER_MEMORY`); Airflow's launches pass
+            it to spark-submit as `--driver-memory`.
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 4 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
@@ -66,6 +69,7 @@ class Settings(BaseSettings):
     airflow_user: str = "admin"
     airflow_password: SecretStr | None = None
     spark_master: str = "local[*]"
+    spark_driver_memory: str = "2g"
     partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")

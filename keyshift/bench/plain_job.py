@@ -11,8 +11,8 @@ engineer writes it from the Structured Streaming guide, and nothing more:
 
 Set up as well as a user would, and as DESIGN.md measured it: `spark.sql.shuffle.partitions` =
 P (not the default 200), the RocksDB state store with changelog checkpointing (what Databricks'
-guide recommends for every stateful query), the same driver memory and connector jars as
-keyshift's job. It has no
+guide recommends for every stateful query), a 4 GB driver (twice keyshift's default heap: the
+baseline is not held to keyshift's memory) and the connector jars of keyshift's job. It has no
 dead-letter output, no late output, no accounting, no placement and no migratable state: what
 keyshift adds must not cost throughput against this (issue "Throughput").
 
@@ -155,7 +155,7 @@ def baseline_conf(partitions: int, settings, extra_conf: Mapping[str, str] | Non
     """The Spark configuration a baseline job runs with, set up as a user would and as keyshift's
     job is: `spark.sql.shuffle.partitions` = P, the RocksDB state store with changelog
     checkpointing (`keyshift.processing.session.STATE_STORE_CONF`, as recommended for stateful
-    queries), UTC, 4 GB driver, the connector jars (paths from `settings`); `extra_conf` adds or
+    queries), UTC, 4 GB driver (keyshift's jobs run 2 GB, `DEFAULT_DRIVER_MEMORY`), the connector jars (paths from `settings`); `extra_conf` adds or
     overrides settings. Nothing of keyshift's own (no Arrow, no Python worker settings)."""
     from keyshift.processing.session import STATE_STORE_CONF
     from keyshift.stack.spark import connector_jars

@@ -265,6 +265,7 @@ def launch_job(
 
         base = (
             spark_submit_binary(), "--master", settings.spark_master, "--name", f"keyshift-{run_id}",
+            "--driver-memory", settings.spark_driver_memory,
             "--jars", jars_option(settings),  # the driver JVM exists before the job's code runs
             str(application),
         )

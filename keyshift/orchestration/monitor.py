@@ -358,10 +358,10 @@ def _rescale(
         `lag_history` and `flow_state` to save).
     """
     import os
-    import re
     from collections import deque
 
     from keyshift.monitoring.flow import MAX_BATCHES, recommend_parallelism
+    from keyshift.stack.spark import local_master_cores
 
     progress: list[dict[str, Any]] = []
     path = settings.runs_dir / (run_id or "-") / "progress.jsonl"
@@ -386,8 +386,7 @@ def _rescale(
         task_seconds = json.loads(timed.read_text(encoding="utf-8")) if timed.is_file() else None
     except ValueError:  # being written at the run's end
         task_seconds = None
-    local = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", settings.spark_master)
-    cores = int(local.group(1)) if local and local.group(1) and local.group(1) != "*" else (1 if settings.spark_master == "local" else os.cpu_count() or 1)
+    cores = local_master_cores(settings.spark_master) or os.cpu_count() or 1
     found = recommend_parallelism(progress, points[-kept:], cursor.get("flow_state"), cores=cores, slots_per_core=slots_per_core,
                                   task_seconds=task_seconds)
     update["flow_state"] = found.state

@@ -39,7 +39,7 @@ from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.warmup import start_python_workers
-from keyshift.processing.session import build_spark_session, local_master_cores, spark_conf
+from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
 from keyshift.processing.sinks import KeyedWindowSink
@@ -530,7 +530,7 @@ def run_flight_delays(
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
-            conf = spark_conf(config.stateful_partitions, jars=connector_jars(settings))
+            conf = spark_conf(config.stateful_partitions, jars=connector_jars(settings), driver_memory=settings.spark_driver_memory)
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
@@ -911,6 +911,7 @@ def _with_default_stateful_partitions(config: FlightDelayJobConfig, spark: Spark
     cores: the session's default parallelism when it runs already, else a local master's
     (`local_master_cores`). On a cluster master not started yet the cap stays None (S = P)."""
     from keyshift.placement.tokens import default_max_stateful_partitions
+    from keyshift.stack.spark import local_master_cores
 
     cores = spark.sparkContext.defaultParallelism if spark is not None else local_master_cores(master)
     if cores is None:

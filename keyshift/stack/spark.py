@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -69,6 +70,18 @@ LOOPBACK = "127.0.0.1"
 def is_local_master(master: str) -> bool:
     """True for `local`, `local[N]`, `local[*]`, `local[N,F]`: driver and executors in one JVM."""
     return master == "local" or master.startswith("local[")
+
+
+def local_master_cores(master: str) -> int | None:
+    """The task slots of a local Spark master: `local` 1, `local[N]` (or `local[N,F]`) N,
+    `local[*]` the machine's cores (`os.cpu_count()`); None for any other master (a cluster's
+    cores are known once its session runs: `SparkContext.defaultParallelism`)."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    if match.group(1) in (None, ""):
+        return 1
+    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
 
 
 def loopback_env(settings: Settings) -> dict[str, str]:

@@ -94,6 +94,6 @@ def test_warm_up_imports_the_job_modules_and_survives_failure(spark, caplog):
 @pytest.mark.parametrize(("master", "cores"), [("local", 1), ("local[3]", 3), ("local[4,2]", 4), ("local[*]", os.cpu_count()),
                                                ("spark://host:7077", None), ("yarn", None), ("local[x]", None)])
 def test_local_master_cores(master, cores):
-    from keyshift.processing.session import local_master_cores
+    from keyshift.stack.spark import local_master_cores
 
     assert local_master_cores(master) == cores
