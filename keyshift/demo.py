@@ -105,8 +105,8 @@ def run_demo(
     replay = replay_flights(settings, topic, limit=limit, rate=rate, strategy=strategy, partitions=partitions, progress=progress)
     log.info("demo %s: replayed %d flights; starting Spark", run_id, replay.events_produced, extra=STEP)
 
-    spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, spark_conf(partitions, jars=connector_jars(settings)),
-                                output=log_path)
+    spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master,
+                                spark_conf(partitions, jars=connector_jars(settings), driver_memory=settings.spark_driver_memory), output=log_path)
     config = FlightDelayJobConfig(
         run_id=run_id,
         strategy=strategy,
