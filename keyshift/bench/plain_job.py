@@ -155,8 +155,8 @@ def baseline_conf(partitions: int, settings, extra_conf: Mapping[str, str] | Non
     """The Spark configuration a baseline job runs with, set up as a user would and as keyshift's
     job is: `spark.sql.shuffle.partitions` = P, the RocksDB state store with changelog
     checkpointing (`keyshift.processing.session.STATE_STORE_CONF`, as recommended for stateful
-    queries), UTC, 4 GB driver (keyshift's jobs run 2 GB, `DEFAULT_DRIVER_MEMORY`), the connector jars (paths from `settings`); `extra_conf` adds or
-    overrides settings. Nothing of keyshift's own (no Arrow, no Python worker settings)."""
+    queries), UTC, 4 GB driver (keyshift's jobs run 2 GB, `keyshift.settings.DEFAULT_DRIVER_MEMORY`),
+    the connector jars (paths from `settings`); `extra_conf` adds or overrides settings. Nothing of keyshift's own (no Arrow, no Python worker settings)."""
     from keyshift.processing.session import STATE_STORE_CONF
     from keyshift.stack.spark import connector_jars
 

@@ -20,7 +20,7 @@ from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.migration.state import MapStateVariable, read_state, rekey_state, save_migrated, verify_placement
 from keyshift.migration.switch import SwitchControl, step_index
-from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
+from keyshift.placement.tokens import capped_stateful_partitions, slot_tokens, stateful_partition_of_slot
 from keyshift.processing.failpoints import failpoint
 from keyshift.settings import Settings
 
@@ -118,7 +118,7 @@ def migrate(
 
     t = time.monotonic()
     partitions = int(record["partitions_to"])
-    stateful_partitions = min(partitions, max_stateful_partitions or partitions)
+    stateful_partitions = capped_stateful_partitions(partitions, max_stateful_partitions)
     if cut is not None:
         state, timers = read_state(spark, old_checkpoint, variables, cut)
     else:

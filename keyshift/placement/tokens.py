@@ -98,6 +98,19 @@ def check_stateful_partitions(partitions: int, stateful_partitions: int) -> None
         raise PlacementError(f"stateful partitions must be between 1 and P = {partitions}, got {stateful_partitions}")
 
 
+def capped_stateful_partitions(partitions: int, cap: int | None) -> int:
+    """S for P slots under a run's cap: min(P, cap); P when `cap` is None.
+
+    Raises:
+        PlacementError: P < 1 or cap < 1.
+    """
+    if partitions < 1:
+        raise PlacementError(f"partitions must be >= 1, got {partitions}")
+    if cap is not None and cap < 1:
+        raise PlacementError(f"max_stateful_partitions must be >= 1, got {cap}")
+    return partitions if cap is None else min(partitions, cap)
+
+
 def stateful_partition_of_slot(slot: int, partitions: int, stateful_partitions: int) -> int:
     """The Spark stateful partition that holds slot `slot`: `slot * S // P`.
 

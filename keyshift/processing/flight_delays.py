@@ -164,13 +164,11 @@ class FlightDelayJobConfig:
         `max_stateful_partitions`), or P when that is None.
 
         Raises:
-            ConfigurationError: `max_stateful_partitions` < 1.
+            PlacementError: `max_stateful_partitions` < 1.
         """
-        if self.max_stateful_partitions is None:
-            return self.partitions
-        if self.max_stateful_partitions < 1:
-            raise ConfigurationError(f"max_stateful_partitions must be >= 1, got {self.max_stateful_partitions}")
-        return min(self.partitions, self.max_stateful_partitions)
+        from keyshift.placement.tokens import capped_stateful_partitions
+
+        return capped_stateful_partitions(self.partitions, self.max_stateful_partitions)
 
     @property
     def watermark_policy(self) -> WatermarkPolicy:

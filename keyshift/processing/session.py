@@ -2,9 +2,10 @@
 
 The configuration follows DESIGN.md: RocksDB state store (transformWithState requires it) with
 changelog checkpointing (`STATE_STORE_CONF`, shared with the benchmarks' baselines), shuffle
-partitions = S (the stateful partitions P slots are spread over), UTC session time zone, Arrow for pandas, simplified Python tracebacks off
-(so that both Python stages share one pool of workers), the Kafka connector jars set before the
-first `getOrCreate()`, and the project's interpreter for Python workers.
+partitions = S (the stateful partitions the P slots are spread over), UTC session time zone,
+Arrow for pandas, simplified Python tracebacks off (so that both Python stages share one pool of
+workers), the Kafka connector jars set before the first `getOrCreate()`, and the project's
+interpreter for Python workers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Iterable
 
 from pyspark.sql import SparkSession
+
+from keyshift.settings import DEFAULT_DRIVER_MEMORY
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +37,6 @@ every `spark.sql.streaming.stateStore.minDeltasForSnapshot` versions. Spark's st
 the migration reads, reads both layouts; a checkpoint written without changelogs resumes with them."""
 
 
-DEFAULT_DRIVER_MEMORY = "2g"
-"""The driver JVM's heap (in local mode, the whole engine's; `Settings.spark_driver_memory`).
-With 4 GB, G1 let the heap grow to what it could use: the driver's resident memory peaked at
-2.1 GB at P = 8 and 2.4 GB at P = 32 (all 3,000,000 flights). With 2 GB it peaked at 1.3 and
-2.0 GB at the same speed (37,220 against 35,049 events/s at P = 8; the job's state lives in
-RocksDB, off the heap)."""
-
-
 def spark_conf(
     partitions: int,
     jars: Iterable[Path] = (),
@@ -55,7 +50,7 @@ def spark_conf(
             `keyshift.placement.tokens`); becomes `spark.sql.shuffle.partitions`.
         jars: jar files to put on the classpath (`spark.jars`), e.g. the Kafka connector.
         driver_memory: JVM heap of the driver (in local mode: of the whole engine), default
-            `DEFAULT_DRIVER_MEMORY`.
+            `keyshift.settings.DEFAULT_DRIVER_MEMORY`.
         extra: further settings, applied last.
 
     Returns:

@@ -75,12 +75,12 @@ def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
 
 
 def test_stateful_partitions_are_at_most_p():
-    from keyshift.errors import ConfigurationError
+    from keyshift.errors import PlacementError
 
     assert FlightDelayJobConfig(run_id="r", partitions=8).stateful_partitions == 8
     assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=64).stateful_partitions == 8
     assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=3).stateful_partitions == 3
-    with pytest.raises(ConfigurationError, match="max_stateful_partitions"):
+    with pytest.raises(PlacementError, match="max_stateful_partitions"):
         _ = FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=0).stateful_partitions
 
 

@@ -138,3 +138,13 @@ def test_token_lookup_steers_to_the_stateful_partitions():
         slot = strategy.slot_of(key)
         assert token_of(key) == slot_tokens(32, 8)[slot]
         assert spark_partition_of_token(token_of(key), 8) == slot // 4
+
+
+def test_capped_stateful_partitions():
+    from keyshift.placement.tokens import capped_stateful_partitions
+
+    assert capped_stateful_partitions(32, 8) == 8
+    assert capped_stateful_partitions(4, 8) == 4
+    assert capped_stateful_partitions(12, None) == 12
+    with pytest.raises(PlacementError, match="max_stateful_partitions"):
+        capped_stateful_partitions(8, 0)
