@@ -66,7 +66,7 @@ RUN_ID = "{{ job_run_id(run_id) }}"
                           description="Placement strategy: key → slot rule of producer and job "
                                       "(ysb: hash, least_key or least_count)."),
         "partitions": Param(DEFAULT_PARTITIONS, type="integer", minimum=1, maximum=1024,
-                            description="P: slots = Kafka partitions; Spark runs them on min(P, 4 per core) stateful partitions."),
+                            description="P: slots = Kafka partitions; Spark runs them on min(P, 1 per core) stateful partitions."),
         "limit": Param(20000, type=["null", "integer"], minimum=0,
                        description="Events to replay and process (bounded run); empty or 0 = continuous."),
         "rate": Param(None, type=["null", "number"], exclusiveMinimum=0,

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
         spark_driver_memory: the job driver's JVM heap (`spark.driver.memory`, e.g. `2g`, the
             default: `DEFAULT_DRIVER_MEMORY`); Airflow's launches pass
             it to spark-submit as `--driver-memory`.
-        partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 4 per core)).
+        partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
     """

@@ -40,7 +40,7 @@ def flight_delay_options(function):
         click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, help="P slots = topic partitions."),
         click.option("--max-stateful-partitions", type=click.IntRange(min=1), default=None,
                      help="Spark stateful partitions at most (spark.sql.shuffle.partitions = min(P, this); the slots are spread "
-                          "over them by range). Default: 4 per core of the engine (8 on 2 cores), so P = 32 runs 8 stateful tasks."),
+                          "over them by range). Default: 1 per core of the engine (2 on 2 cores); the ingest stage runs as many tasks."),
         click.option("--epoch", type=click.IntRange(min=0), default=0, help="Assignment epoch written on every window."),
         click.option("--bound-ms", type=click.IntRange(min=0), default=HOUR_MS, help="Watermark bound, ms of event time."),
         click.option("--watermark", type=click.Choice(WATERMARK_MODES), default="global", show_default=True,

@@ -12,8 +12,8 @@ A keyshift job is the chain source → parse → stateful → sink. What each qu
 | paper | here (a Spark micro-batch job, one record of `runs/<run_id>/progress.jsonl` per batch) |
 | --- | --- |
 | source s | the Kafka topic |
-| node parse | Spark's source stage: P tasks (one per Kafka partition) that read, parse, validate, pre-aggregate |
-| node stateful | the stateful stage: P tasks, one per slot (shuffle partition) |
+| node parse | Spark's source stage: its tasks (one per Kafka partition, or S each reading a range of them) read, parse, validate, pre-aggregate |
+| node stateful | the stateful stage: S tasks, one per stateful partition (each holding P/S slots) |
 | sink t | the rest of a batch: planning, commits and driver-side sink work (batch time − the two stages) |
 | f, eq. 1 | events/s through the job over the wall clock: Σ input_rows / (last end − first start) |
 | l_{v_j}, eq. 13 | ms per event the stage needs: 1000 × Σ wall_j / Σ input_rows over the timed batches |
@@ -44,9 +44,10 @@ Edge = tuple[str, str]
 JOB_EDGES: tuple[Edge, ...] = (("source", "parse"), ("parse", "stateful"), ("stateful", "sink"))
 """The flight and Yahoo jobs' flow network; an edge's capacity is its head stage's (eq. 14)."""
 SCALED = ("parse", "stateful")
-"""Stages whose tasks follow P: the source's Kafka partitions, and the stateful stage's S = P as long
-as P stays within 4 per core (`keyshift.placement.tokens.STATEFUL_PARTITIONS_PER_CORE`, the cap
-`slots_per_core` keeps P under); the sink does not."""
+"""Stages whose capacity the model scales with P (the sink's it does not). Their tasks are S =
+min(P, the run's cap; by default 1 per core, `keyshift.placement.tokens.STATEFUL_PARTITIONS_PER_CORE`),
+so past the engine's cores a larger P gives finer placement, not more parallel tasks: the model
+assumes, as paper 001 does, that parallelism brings its own resources."""
 LAMBDA = 0.85
 """The paper's λ (eq. 10): a partition whose flow reaches 85 % of its capacity is a bottleneck."""
 MAX_BATCHES = 200

@@ -27,9 +27,10 @@ class KeyedStageTaskSeconds:
     """Per-task executor run time of the two keyed stages of each micro-batch, in seconds.
 
     Attributes:
-        source: batch id -> P floats (index = Kafka partition = slot): the stage that reads the
-            topic, parses and runs Local Merge. Under Ahead KeyBy a partition holds its slot's
-            events, so this is where a slot's event load becomes time.
+        source: batch id -> one float per ingest task: the stage that reads the topic, parses
+            and runs Local Merge. With one task per Kafka partition (index = slot), under Ahead
+            KeyBy a task holds its slot's events, so this is where a slot's event load becomes
+            time; a coalesced ingest stage has S tasks, each reading a range of Kafka partitions.
         stateful: batch id -> S floats (index = stateful partition, = slot when S = P): the
             stateful operator's stage. It reads Local Merge's partial aggregates, one row per
             (key, window, piece) per source task, so its work follows the keys and windows a
@@ -42,27 +43,30 @@ class KeyedStageTaskSeconds:
 
 def keyed_stage_task_seconds(
     ui_url: str, app_id: str, query_name: str, partitions: int, timeout_s: float = 10.0, skip: frozenset[int] = frozenset(),
-    stateful_partitions: int | None = None,
+    stateful_partitions: int | None = None, source_tasks: int | None = None,
 ) -> KeyedStageTaskSeconds:
     """Executor run time per task of each micro-batch's source and stateful stages, in seconds.
 
     A batch's stages are those whose description starts with the query's name and carries
-    `batch = N`. The source stage is the batch's first stage of P tasks that read input records;
-    the stateful stage is its last stage of S tasks that writes no shuffle (the source stage
-    writes the shuffle to the stateful operator).
+    `batch = N`. The source stage is the batch's first stage of `source_tasks` tasks that reads
+    input records; the stateful stage is its last stage of S tasks that writes no shuffle (the
+    source stage writes the shuffle to the stateful operator).
 
     Args:
         ui_url: the Spark UI address (`SparkContext.uiWebUrl`).
         app_id: `SparkContext.applicationId`.
         query_name: the streaming query's name (the first line of its stages' descriptions).
-        partitions: P; the source stage has P tasks, one per Kafka partition (slot).
+        partitions: P, the slots (Kafka partitions).
         timeout_s: HTTP timeout per request, seconds.
         skip: batch ids already read (their tasks are not asked for again).
         stateful_partitions: S, the stateful stage's tasks (`spark.sql.shuffle.partitions`);
             None: S = P.
+        source_tasks: the source stage's tasks (`FlightDelayJobConfig.source_tasks`: S when
+            the ingest stage is coalesced); None: P, one per Kafka partition.
 
     Returns:
-        The source stage's batch id -> list of P floats (seconds, index = slot) and the stateful
+        The source stage's batch id -> list of `source_tasks` floats (seconds, index = task; =
+        slot with one task per Kafka partition) and the stateful
         stage's batch id -> list of S floats (index = stateful partition, which holds the slots
         of `keyshift.placement.tokens.stateful_partition_of_slot`; = slot when S = P), for the
         batches whose stages the UI still retains (`spark.ui.retainedStages`, 1,000 by default).
@@ -72,6 +76,7 @@ def keyed_stage_task_seconds(
     """
     base = f"{ui_url.rstrip('/')}/api/v1/applications/{app_id}"
     stateful_tasks = partitions if stateful_partitions is None else stateful_partitions
+    ingest_tasks = partitions if source_tasks is None else source_tasks
     with requests.Session() as http:
         stages = http.get(f"{base}/stages", params={"status": "complete"}, timeout=timeout_s).json()
         source: dict[int, dict[str, Any]] = {}
@@ -79,20 +84,20 @@ def keyed_stage_task_seconds(
         for stage in stages:
             description = stage.get("description") or ""
             match = _BATCH.search(description)
-            if not match or not description.startswith(query_name + "\n") or stage.get("numTasks") not in (partitions, stateful_tasks):
+            if not match or not description.startswith(query_name + "\n") or stage.get("numTasks") not in (ingest_tasks, stateful_tasks):
                 continue
             batch = int(match.group(1))
             if batch in skip:
                 continue
             tasks = stage["numTasks"]
-            if (tasks == partitions and stage.get("inputRecords", 0) > 0
+            if (tasks == ingest_tasks and stage.get("inputRecords", 0) > 0
                     and (batch not in source or stage["stageId"] < source[batch]["stageId"])):
                 source[batch] = stage
             if (tasks == stateful_tasks and stage.get("shuffleWriteRecords", 0) == 0
                     and (batch not in stateful or stage["stageId"] > stateful[batch]["stageId"])):
                 stateful[batch] = stage
         return KeyedStageTaskSeconds(
-            source={batch: _task_seconds(http, base, stage, partitions, timeout_s) for batch, stage in sorted(source.items())},
+            source={batch: _task_seconds(http, base, stage, ingest_tasks, timeout_s) for batch, stage in sorted(source.items())},
             stateful={batch: _task_seconds(http, base, stage, stateful_tasks, timeout_s) for batch, stage in sorted(stateful.items())},
         )
 

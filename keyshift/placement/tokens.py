@@ -12,11 +12,12 @@ slots are spread over the stateful partitions by range, as Flink spreads key gro
 operator instances (`KeyGroupRangeAssignment.computeOperatorIndexForKeyGroup`): slot s goes to
 partition `s * S // P`, so each stateful partition holds P/S adjacent slots, every slot keeps a
 token (a grouping key) of its own, and a stateful task per batch serves several slots. Each
-stateful task costs a fixed share of a batch (its Python worker round trip, the state store's
-load and commit: about 0.3 task-seconds measured at P = 32), so on a small engine S = P
-spends the batch on overhead; `default_max_stateful_partitions` caps S at
-`STATEFUL_PARTITIONS_PER_CORE` per core. With S = P every slot is its own partition, and the
-tokens are those of every release before the cap.
+task costs a fixed share of a batch (its Python worker round trip, the state store's load and
+commit: about 0.3 task-seconds per stateful task measured at P = 32), so on a small engine
+S = P spends the batch on overhead; `default_max_stateful_partitions` caps S at
+`STATEFUL_PARTITIONS_PER_CORE` per core, and the job's ingest stage is coalesced to the same S
+tasks (`keyshift.processing.flight_delays.FlightDelayJobConfig.source_tasks`). With S = P every
+slot is its own partition, and the tokens are those of every release before the cap.
 """
 
 from __future__ import annotations
@@ -84,10 +85,13 @@ def spark_partition_of_token(token: int, partitions: int) -> int:
     return spark_hash_int(token) % partitions  # Python's % is pmod for a positive divisor
 
 
-STATEFUL_PARTITIONS_PER_CORE = 4
-"""Stateful partitions per core of the engine when the run does not say how many: the P = 8
-runs on 2 cores (4 per core) were the fastest measured; P = 32 stateful tasks on 2 cores spent
-a third of each batch on per-task overhead (issue 11's profile)."""
+STATEFUL_PARTITIONS_PER_CORE = 1
+"""Stateful partitions (and ingest tasks) per core of the engine when the run does not say how
+many. Fewer tasks were faster at every S measured on 2 cores (issue 11, all 3,000,000 flights,
+ingest coalesced to S, one run each in alternation): at P = 32 hot_split 38,771 events/s with
+S = 2, 34,702 with S = 4, 30,422 with S = 8; at P = 8 hash 59,510 and 45,014 with S = 2 against
+47,791 and 43,062 with S = 4. The cost is per task, not per event: every task of a batch pays
+its Python worker round trip and, in the stateful stage, a state store load and commit."""
 
 
 def check_stateful_partitions(partitions: int, stateful_partitions: int) -> None:
@@ -136,7 +140,8 @@ def stateful_partition_of_slot(slot: int, partitions: int, stateful_partitions: 
 
 
 def default_max_stateful_partitions(cores: int) -> int:
-    """How many stateful partitions a run takes at most when it does not say: 4 per core.
+    """How many stateful partitions a run takes at most when it does not say:
+    `STATEFUL_PARTITIONS_PER_CORE` (1) per core.
 
     Args:
         cores: the engine's task slots (Spark's default parallelism; for `local[*]`, the

@@ -60,7 +60,7 @@ class TaskTimeRecorder(threading.Thread):
     (`keyshift.monitoring.spark_tasks`), so the balance monitor's flow network
     (`keyshift.monitoring.flow`) can learn stage capacities from a running job. Each refresh asks
     Spark's REST API only for batches not read yet. `follow(query_name, batch_base, partitions,
-    stateful_partitions)` points it at a new segment's query.
+    stateful_partitions, source_tasks)` points it at a new segment's query.
     """
 
     def __init__(self, spark: SparkSession, run_dir: Path, interval_s: float = 30.0) -> None:
@@ -70,7 +70,7 @@ class TaskTimeRecorder(threading.Thread):
         self._path = run_dir / "task_seconds.json"
         self._interval_s = interval_s
         self._stop_event = threading.Event()
-        self._query: tuple[str, int, int, int | None] | None = None
+        self._query: tuple[str, int, int, int | None, int | None] | None = None
         self._read: dict[str, set[int]] = {}
         self.times: dict[str, dict[str, list[float]]] = {"source": {}, "stateful": {}}
         if self._path.exists():
@@ -79,21 +79,23 @@ class TaskTimeRecorder(threading.Thread):
             except ValueError:
                 pass
 
-    def follow(self, query_name: str, batch_base: int, partitions: int, stateful_partitions: int | None = None) -> None:
+    def follow(self, query_name: str, batch_base: int, partitions: int, stateful_partitions: int | None = None,
+               source_tasks: int | None = None) -> None:
         """Read the stages of `query_name` from now on (its batch b is run-wide batch_base + b;
-        P source tasks, S = `stateful_partitions` stateful tasks, None: S = P)."""
+        S = `stateful_partitions` stateful tasks, None: S = P; `source_tasks` ingest tasks,
+        None: P)."""
         self.refresh()
-        self._query = (query_name, batch_base, partitions, stateful_partitions)
+        self._query = (query_name, batch_base, partitions, stateful_partitions, source_tasks)
 
     def refresh(self) -> None:
         """Read the batches not read yet and rewrite the file (atomically); never raises."""
         if self._query is None or not self._ui:
             return
-        name, base, partitions, stateful_partitions = self._query
+        name, base, partitions, stateful_partitions, source_tasks = self._query
         seen = self._read.setdefault(name, set())
         try:
             timed = keyed_stage_task_seconds(self._ui, self._app, name, partitions, skip=frozenset(seen),
-                                             stateful_partitions=stateful_partitions)
+                                             stateful_partitions=stateful_partitions, source_tasks=source_tasks)
         except (requests.RequestException, ValueError) as exc:
             log.debug("task times not read (%s)", exc)
             return
@@ -566,8 +568,9 @@ def run_flight_delays(
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
         config = segment_config(config, last)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
-        summary.update(_task_time_summary(task_times.times, config.partitions, config.stateful_partitions))
+        summary.update(_task_time_summary(task_times.times, config.partitions, config.stateful_partitions, config.source_tasks))
         summary["stateful_partitions"] = config.stateful_partitions
+        summary["source_tasks"] = config.source_tasks
         summary["shuffle_write_bytes"] = _shuffle_write_bytes(spark) if own_session else None
         summary["exchange"], summary["emit"] = config.exchange, config.emit
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
@@ -662,7 +665,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                                              seg_config.window_ms, slot_tokens(seg_config.partitions, seg_config.stateful_partitions),
                                              int(segment.get("watermark_floor_ms") or 0))
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
-        task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions, seg_config.stateful_partitions)
+        task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions, seg_config.stateful_partitions,
+                          seg_config.source_tasks)
         if record is not None and record.get("switch_id") == segment.get("switch_id") and record.get("state") not in ("done", "failed", "rolled_back"):
             record["query_started_at"] = time.time()
             if record.get("published_at"):
@@ -950,14 +954,16 @@ def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -
     )
 
 
-def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int, stateful_partitions: int | None = None) -> dict[str, Any]:
+def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int, stateful_partitions: int | None = None,
+                       source_tasks: int | None = None) -> dict[str, Any]:
     """Per-task task seconds (Σ over batches) and makespan ratios of the source and stateful stages.
 
     `times` is `TaskTimeRecorder.times` (stage -> run-wide batch id -> seconds per task, also in
     `runs/<run_id>/task_seconds.json`). `per_slot_task_seconds` and `stateful_makespan_ratio` are
     the stateful stage's, per stateful partition (S of them, `stateful_partitions`, None: P; a
     partition holds the slots of `keyshift.placement.tokens.stateful_partition_of_slot`, one
-    when S = P); the source stage's are `per_slot_source_task_seconds` (per slot) and
+    when S = P); the source stage's are `per_slot_source_task_seconds` (per ingest task,
+    `source_tasks` of them, None: P; per slot with one task per Kafka partition) and
     `source_makespan_ratio`; `makespan_ratio_after_warmup` gives both without batch 0 (see
     `after_warmup`). A run whose switch changed P sums each task over the batches that had it.
     """
@@ -975,7 +981,7 @@ def _task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int
         "per_slot_task_seconds": totals(stateful, partitions if stateful_partitions is None else stateful_partitions),
         "stateful_makespan_ratio": makespan_ratio(stateful),
         "stateful_batches_timed": len(stateful),
-        "per_slot_source_task_seconds": totals(source, partitions),
+        "per_slot_source_task_seconds": totals(source, partitions if source_tasks is None else source_tasks),
         "source_makespan_ratio": makespan_ratio(source),
         "source_batches_timed": len(source),
         "makespan_ratio_after_warmup": {

@@ -1,6 +1,7 @@
 """The engine's keyed exchange strategies (paper 000 §4.3) and Local Merge's emit modes.
 
-How a job's events travel from the source stage (one Spark task per Kafka partition) to the
+How a job's events travel from the source stage (one Spark task per Kafka partition, or per
+range of them, `FlightDelayJobConfig.source_tasks`) to the
 place where a key's windows are kept. `FlightDelayJobConfig.exchange` picks one:
 
 | exchange | what crosses | where windows are kept |

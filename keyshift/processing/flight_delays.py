@@ -1,6 +1,7 @@
 """A keyed window job's pipeline as a function from the Kafka source to the processor's output.
 
-source (Kafka rows: key, value, partition, offset)
+source (Kafka rows: key, value, partition, offset), coalesced to `FlightDelayJobConfig.source_tasks`
+tasks (each reads a range of Kafka partitions)
 -> ingest, one mapInArrow (`keyshift.processing.ingest`): keep this run's records, parse and
    validate (the job spec's record rules), event-time plausibility (implausible events become
    dead letters before the watermark can see them), the key lookup of a `key_lookup` spec,
@@ -80,7 +81,8 @@ class FlightDelayJobConfig:
         partitions: P slots = Kafka partitions of the input.
         max_stateful_partitions: Spark's stateful partitions at most; the query takes
             `stateful_partitions` = min(P, this) (`spark.sql.shuffle.partitions`) and spreads the
-            slots over them by range (`keyshift.placement.tokens.stateful_partition_of_slot`).
+            slots over them by range (`keyshift.placement.tokens.stateful_partition_of_slot`);
+            its ingest stage runs as many tasks (`source_tasks`).
             None: one per slot (S = P). A new run started by
             `keyshift.processing.driver.run_flight_delays` without one gets
             `default_max_stateful_partitions` of its engine's cores, kept in its job record.
@@ -169,6 +171,18 @@ class FlightDelayJobConfig:
         from keyshift.placement.tokens import capped_stateful_partitions
 
         return capped_stateful_partitions(self.partitions, self.max_stateful_partitions)
+
+    @property
+    def source_tasks(self) -> int:
+        """Tasks of the ingest stage per micro-batch: S (`stateful_partitions`), each reading
+        P/S Kafka partitions one after the other (`DataFrame.coalesce`, no shuffle), so the
+        ingest stage pays the per-task cost S times, not P; P for `global_merge`, whose tasks
+        each merge one Kafka partition's slot into Redis (`keyshift.processing.global_merge`).
+
+        Raises:
+            PlacementError: `max_stateful_partitions` < 1.
+        """
+        return self.partitions if self.exchange == "global_merge" else self.stateful_partitions
 
     @property
     def watermark_policy(self) -> WatermarkPolicy:
@@ -268,7 +282,10 @@ def flight_delay_stream(
         rows_of = partials_function(spec, config.strategy, config.partitions, config.window_ms, config.assignment, store, config.split,
                                     emit, config.stateful_partitions)
         row_schema, event_times_of = partial_schema(spec), event_times_of_partials
-    staged = kafka_rows.select("key", "value", "partition", "offset").mapInArrow(
+    source = kafka_rows.select("key", "value", "partition", "offset")
+    if config.source_tasks < config.partitions:  # no shuffle: each task reads a range of Kafka partitions
+        source = source.coalesce(config.source_tasks)
+    staged = source.mapInArrow(
         ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
     )
     if config.exchange == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.global_merge)

@@ -8,7 +8,7 @@ same here, inside Local Merge's `mapInArrow` function, before the partials are c
 - each Python worker keeps one copy of the map per (Redis, hash) (`KeyMapCache`), read whole
   (HGETALL) the first time and again only when the map's version counter (`KeyLookup.version_key`,
   which the generator increments in the same MULTI/EXEC that replaces the map) has changed: one
-  GET per Local Merge call, i.e. per Kafka partition per micro-batch;
+  GET per Local Merge call, i.e. per ingest task per micro-batch;
 - a value the copy lacks is asked for with one HMGET of all such values of the call, so a map
   that grew without a new version is still followed;
 - `resolve_keys` then sets each valid record's key to the looked-up one, or makes it a dead

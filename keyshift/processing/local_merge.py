@@ -106,6 +106,32 @@ def row_tokens(
     return place_events(key_codes, event_ids, per_key, pieces)
 
 
+def per_kafka_partition(segments: np.ndarray | None, kafka_partitions: np.ndarray) -> np.ndarray | None:
+    """Merge segments that never span a Kafka partition: `segments` refined by each event's
+    Kafka partition, so a partial's events share one `kafka_partition` and its `kafka_offsets`
+    say exactly where they were read (late events and dead letters keep their coordinates).
+
+    A task of the coalesced ingest stage (`FlightDelayJobConfig.source_tasks` < P) reads several
+    Kafka partitions; under Ahead KeyBy (a key-affine topic) a key is in one of them, so this
+    adds no partial there; on a `round_robin` topic it keeps one partial per (key, window,
+    token, Kafka partition), as one task per Kafka partition made.
+
+    Args:
+        segments: int64 array of merge segments, one per event (`merge_segments`), or None (one).
+        kafka_partitions: int array, each event's Kafka partition.
+
+    Returns:
+        `segments` unchanged when every event is of one Kafka partition; else an int64 array
+        that differs between two events iff their segment or Kafka partition differs.
+    """
+    if len(kafka_partitions) == 0 or (kafka_partitions == kafka_partitions[0]).all():
+        return segments
+    partitions = np.asarray(kafka_partitions, dtype=np.int64)
+    if segments is None:
+        return partitions
+    return partitions * (int(segments.max()) + 1) + segments
+
+
 def partial_groups(key_codes: np.ndarray, starts: np.ndarray, event_tokens: np.ndarray,
                    segments: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """How events fall into partials: one partial per (key, window start, token), and per merge
@@ -153,8 +179,8 @@ def partials_of(
             key gets one partial per (window, piece), each on its piece's slot.
 
     Returns:
-        A frame of `partial_schema(spec)` columns: one row per (key, window start, token)
-        present, with count, each aggregate, and the lists of its events' fields, plus one row
+        A frame of `partial_schema(spec)` columns: one row per (key, window start, token, Kafka
+        partition) present, with count, each aggregate, and the lists of its events' fields, plus one row
         per dead letter. Σ `count` = rows of `events`.
     """
     columns_out = partial_schema(spec).fieldNames()
@@ -198,7 +224,8 @@ def partials_of(
         key_codes, key_names = pd.factorize(keys)
         event_ids = valid[spec.event_id].to_numpy(np.int64)
         event_tokens = row_tokens(key_codes, key_names, event_ids, token_of, split_tokens)
-        order, boundary, first = partial_groups(key_codes, starts, event_tokens)
+        segments = per_kafka_partition(None, valid["kafka_partition"].to_numpy(np.int64))
+        order, boundary, first = partial_groups(key_codes, starts, event_tokens, segments)
         codes_sorted, starts_sorted, tokens_sorted = key_codes[order], starts[order], event_tokens[order]
 
         def lists(values: np.ndarray) -> list[np.ndarray]:
@@ -242,8 +269,9 @@ def partials_function(
     function from one Spark partition's ingested events (a table of `input_columns(spec)`) to
     its partials (`partials_arrow`, a table of `arrow_partial_schema(spec)`).
 
-    The Kafka source gives each Spark partition one Kafka partition's slice of the micro-batch,
-    so every event of a partial shares its `kafka_partition`; the slice (at most
+    A Spark partition holds the micro-batch's slice of one Kafka partition, or of a range of
+    them when the ingest stage is coalesced (`FlightDelayJobConfig.source_tasks`); every event
+    of a partial shares its `kafka_partition` (`per_kafka_partition`), and the slice (at most
     `maxOffsetsPerTrigger` records) is aggregated at once. The processor merges partials of the
     same window from different micro-batches, so how input is cut changes speed, never results.
 
@@ -330,7 +358,7 @@ def partials_arrow(
     Returns:
         A table of `schema`: the valid events' partials, sorted by (key code, window start,
         token) as `partials_of` sorts them (with a merge segment after the key code for other
-        emit modes), after the dead letters (one row each). Σ `count` = rows of `events`.
+        emit modes or a slice of several Kafka partitions, `per_kafka_partition`), after the dead letters (one row each). Σ `count` = rows of `events`.
     """
     schema = schema or arrow_partial_schema(spec)
     reasons = events.column("dead_letter_reason")
@@ -366,7 +394,9 @@ def partials_arrow(
         event_ids = valid.column(spec.event_id).to_numpy().astype(np.int64)
         starts = window_starts_ms(times, window_ms)
         event_tokens = row_tokens(key_codes, key_names.to_pylist(), event_ids, token_of, split_tokens)
-        order, boundary, first = partial_groups(key_codes, starts, event_tokens, merge_segments(emit, key_codes, starts))
+        segments = per_kafka_partition(merge_segments(emit, key_codes, starts),
+                                       valid.column("kafka_partition").to_numpy().astype(np.int64))
+        order, boundary, first = partial_groups(key_codes, starts, event_tokens, segments)
         codes_sorted, starts_sorted, tokens_sorted = key_codes[order], starts[order], event_tokens[order]
         offsets = pa.array(np.concatenate((first, [n])).astype(np.int32))
         take = pa.array(order)

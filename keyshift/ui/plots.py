@@ -107,8 +107,9 @@ def slot_load_svg(batches: Sequence[BatchLoad]) -> str:
 
 
 def task_seconds_svg(stages: Mapping[str, Sequence[tuple[int, tuple[float, ...]]]]) -> str:
-    """Executor seconds per task per batch, one heat map per stage: the source's tasks are the
-    slots, the stateful stage's its S stateful partitions (each holding P/S adjacent slots;
+    """Executor seconds per task per batch, one heat map per stage: the source's ingest tasks
+    (each reading a range of Kafka partitions; the slots themselves with one task per Kafka
+    partition) and the stateful stage's S stateful partitions (each holding P/S adjacent slots;
     the slots themselves when S = P).
 
     Args:
@@ -131,7 +132,7 @@ def task_seconds_svg(stages: Mapping[str, Sequence[tuple[int, tuple[float, ...]]
         image = axes.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma", origin="lower",
                             extent=(-0.5, len(rows) - 0.5, -0.5, slots - 0.5))
         figure.colorbar(image, ax=axes, label="task seconds", pad=0.01)
-        axes.set_ylabel(f"{stage}\n{'slot' if stage == 'source' else 'partition'}")
+        axes.set_ylabel(f"{stage}\n{'task' if stage == 'source' else 'partition'}")
         ticks = range(len(rows)) if len(rows) <= 20 else np.linspace(0, len(rows) - 1, 11).round().astype(int)
         axes.set_xticks(list(ticks), [str(rows[i][0]) for i in ticks])
     axes_list[0].set_title("task seconds per task per micro-batch (Spark's task times, recorded by the job)", fontsize=10, loc="left")

@@ -99,7 +99,10 @@ def batches_done(run_dir: Path) -> int:
 
 def run_oracle(settings, tmp_path_factory, flights: int = FLIGHTS, per_trigger: int = PER_TRIGGER) -> dict:
     topic = run_id = fresh_topic(settings, "oracle", flights)
-    process = start(job_args(topic, run_id, flights, per_trigger), tmp_path_factory.mktemp("oracle") / "driver.log")
+    # one stateful partition and one ingest task per slot (S = P): the runs under test take the
+    # default (S = 1 per core, the ingest stage coalesced to S tasks) and must equal it exactly
+    process = start([*job_args(topic, run_id, flights, per_trigger), "--max-stateful-partitions", str(PARTITIONS)],
+                    tmp_path_factory.mktemp("oracle") / "driver.log")
     assert process.wait(timeout=1200) == 0, f"the oracle run failed; see {settings.runs_dir / run_id}"
     summary = json.loads((settings.runs_dir / run_id / "summary.json").read_text())
     assert summary["reconciled"] and summary["events_read"] == flights + 40

@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.placement.strategies import strategy_by_name
-from keyshift.placement.tokens import slot_tokens
+from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.flight_delays import FlightDelayJobConfig
 from keyshift.processing.processor import PENDING_STATE_NAME
 
@@ -105,14 +105,23 @@ def test_every_event_is_accounted_for(run):
     assert on_disk["events_read"] == summary["events_read"]
 
 
+def test_the_default_runs_one_stateful_partition_and_one_ingest_task_per_core(run, spark):
+    from keyshift.placement.tokens import default_max_stateful_partitions
+
+    stateful = min(PARTITIONS, default_max_stateful_partitions(spark.sparkContext.defaultParallelism))
+    assert run["summary"]["stateful_partitions"] == stateful
+    assert run["summary"]["source_tasks"] == stateful  # the ingest stage is coalesced to S tasks
+
+
 def test_stateful_task_times_come_from_spark_rest_api(run):
     summary = run["summary"]
-    assert len(summary["per_slot_task_seconds"]) == PARTITIONS
-    assert all(seconds > 0 for seconds in summary["per_slot_task_seconds"])  # every slot ran its tasks
+    stateful, ingest = summary["stateful_partitions"], summary["source_tasks"]
+    assert len(summary["per_slot_task_seconds"]) == stateful
+    assert all(seconds > 0 for seconds in summary["per_slot_task_seconds"])  # every stateful partition ran its tasks
     assert summary["stateful_batches_timed"] >= summary["batches"] - 1
     assert summary["stateful_makespan_ratio"] >= 1.0
-    # the source stage reads Kafka partition s = slot s: every slot read and timed in each batch
-    assert len(summary["per_slot_source_task_seconds"]) == PARTITIONS
+    # the ingest stage's tasks each read a range of Kafka partitions: every task read and timed in each batch
+    assert len(summary["per_slot_source_task_seconds"]) == ingest
     assert all(seconds > 0 for seconds in summary["per_slot_source_task_seconds"])
     progress = [json.loads(line) for line in (run["run_dir"] / "progress.jsonl").read_text().splitlines()]
     assert summary["source_batches_timed"] == sum(1 for batch in progress if batch["input_rows"] > 0)  # no-data batches read nothing
@@ -120,7 +129,7 @@ def test_stateful_task_times_come_from_spark_rest_api(run):
     assert set(summary["makespan_ratio_after_warmup"]) == {"source", "stateful"}
     per_batch = json.loads((run["run_dir"] / "task_seconds.json").read_text())
     assert len(per_batch["stateful"]) == summary["stateful_batches_timed"]
-    assert all(len(seconds) == PARTITIONS for seconds in per_batch["source"].values())
+    assert all(len(seconds) == ingest for seconds in per_batch["source"].values())
 
 
 def test_late_events_were_behind_the_watermark(run):
@@ -165,7 +174,8 @@ def test_windows_equal_an_independent_pandas_computation(run):
 
 
 def test_every_key_state_sits_on_its_assigned_slot(run, spark):
-    """The state data source's partition_id of every key equals the slot its strategy chose."""
+    """The state data source's partition_id of every key is the stateful partition of the slot its
+    strategy chose (`stateful_partition_of_slot`), under the slot's own token."""
     state = (
         spark.read.format("statestore")
         .option("path", str(run["run_dir"] / "checkpoint"))
@@ -176,11 +186,13 @@ def test_every_key_state_sits_on_its_assigned_slot(run, spark):
         .toPandas()
     )
     assert len(state) > 100  # most of the 229 origins appear in the first micro-batch
-    tokens = slot_tokens(PARTITIONS)
+    stateful = run["summary"]["stateful_partitions"]
+    tokens = slot_tokens(PARTITIONS, stateful)
     for row in state.itertuples():
         slot = run["strategy"].slot_of(row.origin)
         assert row.token == tokens[slot], row
-        assert row.partition_id == slot, row
+        assert row.partition_id == stateful_partition_of_slot(slot, PARTITIONS, stateful), row
+    assert set(state["partition_id"]) == set(range(stateful))
 
 
 def test_malformed_records_land_in_the_dead_letter_topic_with_reasons(run, settings):

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from keyshift.names import LATE_TOPIC
+from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.flight_delays import FlightDelayJobConfig
 from keyshift.processing.processor import PENDING_STATE_NAME
 
@@ -124,11 +125,15 @@ def test_split_keys_state_sat_on_each_of_their_slots(runs, spark):
         .option("stateVarName", PENDING_STATE_NAME)
         .option("batchId", 0)
         .load()
-        .selectExpr("user_map_key.origin AS origin", "partition_id")
+        .selectExpr("key.token AS token", "user_map_key.origin AS origin", "partition_id")
         .toPandas()
     )
+    stateful = runs["summaries"]["hot_split"]["stateful_partitions"]
+    tokens = slot_tokens(PARTITIONS, stateful)
+    token_slot = {token: slot for slot, token in enumerate(tokens)}
+    assert (state["partition_id"] == [stateful_partition_of_slot(token_slot[t], PARTITIONS, stateful) for t in state["token"]]).all()
     for key, slots in runs["split"].items():
-        assert set(state.loc[state["origin"] == key, "partition_id"]) == set(slots), key
+        assert {token_slot[t] for t in state.loc[state["origin"] == key, "token"]} == set(slots), key
     cold = state[~state["origin"].isin(list(runs["split"]))]
     assert len(cold) > 50
-    assert (cold["partition_id"] == cold["origin"].map(runs["mapping"])).all()
+    assert (cold["token"].map(token_slot) == cold["origin"].map(runs["mapping"])).all()

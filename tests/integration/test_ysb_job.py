@@ -30,7 +30,7 @@ from ysb_runs import fresh_ysb_topic, remove_ysb_run
 
 from keyshift.names import YSB_DEAD_LETTER_TOPIC, redis_ysb_ad_campaign_key
 from keyshift.placement.strategies import HashStrategy
-from keyshift.placement.tokens import slot_tokens
+from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.processor import PENDING_STATE_NAME
 from keyshift.processing.redis_windows import read_windows
 from keyshift.runs import redis_client
@@ -174,7 +174,8 @@ def test_every_campaigns_state_sits_on_its_hash_slot(run, spark):
         .toPandas()
     )
     assert len(state) >= 50  # most of the 100 campaigns have an open window after batch 0
-    strategy, tokens = HashStrategy(partitions=PARTITIONS), slot_tokens(PARTITIONS)
+    stateful = run["summary"]["stateful_partitions"]
+    strategy, tokens = HashStrategy(partitions=PARTITIONS), slot_tokens(PARTITIONS, stateful)
     for row in state.itertuples():
         slot = strategy.slot_of(row.campaign_id)
-        assert (row.token, row.partition_id) == (tokens[slot], slot), row
+        assert (row.token, row.partition_id) == (tokens[slot], stateful_partition_of_slot(slot, PARTITIONS, stateful)), row

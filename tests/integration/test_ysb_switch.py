@@ -116,7 +116,7 @@ def test_redis_window_counts_equal_the_generators(switched):
 
 
 def test_state_of_the_new_segment_sits_on_the_new_slots(switched, spark):
-    from keyshift.placement.tokens import slot_tokens
+    from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 
     spark.streams.active  # the state reader needs the driver's state store coordinator
     segments = json.loads((switched["run_dir"] / "job.json").read_text())["segments"]
@@ -131,10 +131,11 @@ def test_state_of_the_new_segment_sits_on_the_new_slots(switched, spark):
         .toPandas()
     )
     assert len(state) > 0
-    mapping, tokens = switched["record"]["mapping"], slot_tokens(PARTITIONS)
+    stateful = segments[-1]["stateful_partitions"]
+    mapping, tokens = switched["record"]["mapping"], slot_tokens(PARTITIONS, stateful)
     for row in state.itertuples():
         slot = int(mapping[row.campaign_id])
-        assert (row.token, row.partition_id) == (tokens[slot], slot), row
+        assert (row.token, row.partition_id) == (tokens[slot], stateful_partition_of_slot(slot, PARTITIONS, stateful)), row
 
 
 def test_the_plan_balances_the_skewed_campaigns_better_than_hash(switched):

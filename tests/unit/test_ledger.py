@@ -84,6 +84,14 @@ def test_stateful_partitions_are_at_most_p():
         _ = FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=0).stateful_partitions
 
 
+def test_the_ingest_stage_runs_s_tasks_except_under_global_merge():
+    assert FlightDelayJobConfig(run_id="r", partitions=32, max_stateful_partitions=2).source_tasks == 2
+    assert FlightDelayJobConfig(run_id="r", partitions=8).source_tasks == 8
+    assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=64).source_tasks == 8
+    # global_merge's tasks each merge one Kafka partition's slot into Redis: never coalesced
+    assert FlightDelayJobConfig(run_id="r", partitions=32, max_stateful_partitions=2, exchange="global_merge").source_tasks == 32
+
+
 def test_resuming_without_a_job_record_names_the_problem(tmp_path):
     from keyshift.errors import ConfigurationError
 

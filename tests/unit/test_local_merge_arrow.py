@@ -10,7 +10,8 @@ import pytest
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import arrow_partial_schema, input_columns, partials_arrow, partials_of
+from keyshift.processing.exchange import Emit
+from keyshift.processing.local_merge import arrow_partial_schema, input_columns, partials_arrow, partials_of, per_kafka_partition
 
 T0 = 978_307_200_000
 TOKENS = np.array(slot_tokens(8), dtype=np.int32)
@@ -79,3 +80,49 @@ def test_arrow_partials_equal_the_pandas_definition(seed, dead_share, split):
 def test_an_empty_slice_gives_an_empty_table_of_the_schema():
     got = partials_arrow(arrow_input(events(0, 0, 0.0)), FLIGHT_DELAYS, token_of, TOKENS, HOUR_MS)
     assert got.num_rows == 0 and got.schema == arrow_partial_schema(FLIGHT_DELAYS)
+
+
+def two_partitions(n: int, seed: int, dead_share: float) -> pd.DataFrame:
+    """A coalesced ingest task's slice: two Kafka partitions' records one after the other, the
+    same keys in both (a round_robin topic)."""
+    first, second = events(n, seed, dead_share), events(n, seed + 8, dead_share)
+    first["kafka_partition"], second["kafka_partition"] = np.int32(3), np.int32(4)
+    second["event_id"] = second["event_id"] + n
+    return pd.concat([first, second], ignore_index=True)
+
+
+@pytest.mark.parametrize("dead_share", [0.0, 0.1])
+def test_a_partial_never_spans_two_kafka_partitions(dead_share):
+    frame = two_partitions(2_000, 5, dead_share)
+    expected = partials_of(frame, FLIGHT_DELAYS, token_of, TOKENS, HOUR_MS)
+    got = partials_arrow(arrow_input(frame), FLIGHT_DELAYS, token_of, TOKENS, HOUR_MS)
+    assert as_comparable(got.to_pandas()) == as_comparable(expected)
+    assert sum(got.column("count").to_pylist()) == 4_000
+    # every partial's offsets are those of its own partition's events
+    where = {(int(p), int(o)): event for p, o, event in zip(frame["kafka_partition"], frame["kafka_offset"], frame["event_id"])}
+    rows = got.to_pandas()
+    for partition, offsets, ids in zip(rows["kafka_partition"], rows["kafka_offsets"], rows["event_ids"]):
+        if ids is not None:
+            assert [where[(int(partition), int(o))] for o in offsets] == [int(i) for i in ids]
+    # the same (key, window, token) in both partitions makes two partials, one per partition
+    valid = rows[rows["dead_letter_reason"].isna()]
+    per_group = valid.groupby(["origin", "window_start_ms", "token"])["kafka_partition"].nunique()
+    assert per_group.max() == 2
+
+
+def test_per_kafka_partition_refines_segments_only_when_a_slice_has_several():
+    one = np.array([5, 5, 5])
+    assert per_kafka_partition(None, one) is None
+    segments = np.array([0, 1, 1])
+    assert per_kafka_partition(segments, one) is segments
+    refined = per_kafka_partition(np.array([0, 1, 0, 1]), np.array([2, 2, 3, 3]))
+    assert len(set(refined.tolist())) == 4
+    assert per_kafka_partition(None, np.array([2, 3, 2])).tolist() == [2, 3, 2]
+
+
+def test_count_emit_over_two_kafka_partitions_keeps_every_event():
+    frame = two_partitions(1_500, 6, 0.0)
+    got = partials_arrow(arrow_input(frame), FLIGHT_DELAYS, token_of, TOKENS, HOUR_MS, emit=Emit("count", 500))
+    assert sum(got.column("count").to_pylist()) == 3_000
+    rows = got.to_pandas()
+    assert all(len(set(o)) == len(o) for o in rows["kafka_offsets"])

@@ -111,10 +111,10 @@ def test_slot_outside_the_slots_is_refused():
         stateful_partition_of_slot(8, 8, 2)
 
 
-def test_default_cap_is_four_stateful_partitions_per_core():
-    assert default_max_stateful_partitions(2) == 8
-    assert default_max_stateful_partitions(16) == 64
-    assert default_max_stateful_partitions(0) == 4
+def test_default_cap_is_one_stateful_partition_per_core():
+    assert default_max_stateful_partitions(2) == 2
+    assert default_max_stateful_partitions(16) == 16
+    assert default_max_stateful_partitions(0) == 1
 
 
 def test_fewer_stateful_partitions_match_spark_sql(spark):
