@@ -50,9 +50,9 @@ import pandas as pd
 from kafka.partitioner import DefaultPartitioner
 
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
+from keyshift.placement.kafka_partitioner import KafkaPartitioner
 from keyshift.placement.strategies import (
     HotSplitStrategy,
-    KafkaPartitioner,
     LeastCountStrategy,
     Strategy,
     integer_key,

@@ -2,8 +2,9 @@
 
 `murmur2` holds Kafka's key hash exactly as the Java client computes it; `strategies` holds the
 one interface every strategy implements (`Strategy.slot_of(key) -> slot`), the registry
-`strategy_by_name`, the per-key `SlotCache`, and `KafkaPartitioner`, the adapter that plugs a
-strategy into kafka-python's producer. `assignment_store` shares a learned assignment and its
+`strategy_by_name` and the per-key `SlotCache`; `kafka_partitioner.KafkaPartitioner` is the
+adapter that plugs a strategy into kafka-python's producer (imported on first use, so the
+placement math loads no Kafka client). `assignment_store` shares a learned assignment and its
 epoch through Redis (hot_split's split keys included); `learning` learns one from the head of the
 flights and publishes it; `tokens` and `spark_tokens` turn slots into Spark grouping tokens.
 """
@@ -12,7 +13,6 @@ from keyshift.placement.murmur2 import murmur2, partition_for_key, to_positive
 from keyshift.placement.strategies import (
     STRATEGY_NAMES,
     HashStrategy,
-    KafkaPartitioner,
     SlotCache,
     Strategy,
     bucket_of,
@@ -31,3 +31,12 @@ __all__ = [
     "strategy_by_name",
     "to_positive",
 ]
+
+
+def __getattr__(name: str):
+    """`keyshift.placement.KafkaPartitioner`, imported on first use (PEP 562)."""
+    if name == "KafkaPartitioner":
+        from keyshift.placement.kafka_partitioner import KafkaPartitioner
+
+        return KafkaPartitioner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,7 @@ from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.ingest import (
-    CONTROL_COLUMN, EVENT_TS_COLUMN, IngestContext, event_times_of_events, event_times_of_partials, events_schema, ingest_function,
+    CONTROL_COLUMN, DEFAULT_CHUNK_RECORDS, EVENT_TS_COLUMN, IngestContext, event_times_of_events, event_times_of_partials, events_schema, ingest_function,
     stage_schema,
 )
 from keyshift.processing.exchange import check_exchange, parse_emit
@@ -263,6 +263,8 @@ def flight_delay_stream(
         run_id=config.run_id, end_offsets=config.end_offsets,
         checkpoint_dir=str(checkpoint_dir or default_checkpoint_dir(config.run_id)),
         bound_ms=policy.spark_delay_ms, limits=config.plausibility, watermark_floor_ms=watermark_floor_ms,
+        chunk_records=int(kafka_rows.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch",
+                                                           str(DEFAULT_CHUNK_RECORDS))),
     )
     store = (config.redis_url, config.topic) if config.assignment is not None else None
     lookup = None

@@ -1,9 +1,12 @@
 """Ingest: raw Kafka records -> validated events or Local Merge partials, in one Python pass.
 
 The engine's source stage is one `mapInArrow` over the Kafka source's `key`, `value`,
-`partition` and `offset` columns (`ingest_function`). For each Arrow chunk Spark hands it (up to
-`spark.sql.execution.arrow.maxRecordsPerBatch` records of one Kafka partition, in offset order)
-it:
+`partition` and `offset` columns (`ingest_function`). A task reads one Kafka partition's slice
+of the micro-batch, or, with the ingest stage coalesced, the slices of a range of them one after
+the other; the records are cut into chunks of one Kafka partition each, `chunk_records`
+(`spark.sql.execution.arrow.maxRecordsPerBatch`, 10,000 by default) counted from the start of
+the partition's slice, as Spark cuts a task of one Kafka partition (`kafka_partition_chunks`).
+For each chunk it:
 
 1. keeps the run's own records (`keep_own_records`): its events below the run's end offsets and
    its own end-of-input markers (`keyshift.processing.records.END_OF_INPUT_PREFIX`); other runs'
@@ -44,7 +47,7 @@ lookup; as for every other dead letter, its event time is not trusted.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +179,60 @@ class Marker:
     event_time_ms: int
 
 
+DEFAULT_CHUNK_RECORDS = 10_000
+"""Spark's default `spark.sql.execution.arrow.maxRecordsPerBatch`: records per ingest chunk."""
+
+
+def kafka_partition_chunks(batches: Iterable[pa.RecordBatch], chunk_records: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut a task's Arrow batches into chunks of one Kafka partition each.
+
+    The plausibility rule judges an event against the median of the events near it in its
+    Kafka partition's offset order (`keyshift.eventtime.plausibility`, "the chunk"). A coalesced
+    ingest task reads several Kafka partitions' slices one after the other, and Spark's Arrow
+    batches run across their boundaries: a block would then mix the end of one partition's
+    slice with the start of the next, weeks of event time apart in a backfill (the first bench
+    with coalescing made 1,493 dead letters per batch that way). Cut here, every chunk holds
+    records of one Kafka partition, at most `chunk_records`, counted from the start of that
+    partition's slice in the task: exactly the chunks Spark hands a task of one Kafka partition
+    with `maxRecordsPerBatch` = `chunk_records`.
+
+    Args:
+        batches: Arrow batches with an int `partition` column; each Kafka partition's records
+            contiguous (a coalesced task reads its partitions one after another).
+        chunk_records: records per chunk at most, >= 1.
+
+    Yields:
+        Non-empty Arrow record batches of the same schema, in input order.
+    """
+    pending: list[pa.RecordBatch] = []
+    pending_rows, current = 0, None
+
+    def flush() -> pa.RecordBatch:
+        return pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        partitions = batch.column("partition").to_numpy(zero_copy_only=False)
+        cuts = (np.flatnonzero(partitions[1:] != partitions[:-1]) + 1).tolist()
+        for start, end in zip([0, *cuts], [*cuts, len(partitions)]):
+            piece = batch.slice(start, end - start)
+            if partitions[start] != current:
+                if pending:
+                    yield flush()
+                pending, pending_rows, current = [], 0, partitions[start]
+            while piece.num_rows:
+                take = min(chunk_records - pending_rows, piece.num_rows)
+                pending.append(piece.slice(0, take))
+                pending_rows += take
+                piece = piece.slice(take)
+                if pending_rows == chunk_records:
+                    yield flush()
+                    pending, pending_rows = [], 0
+    if pending:
+        yield flush()
+
+
 @dataclass(frozen=True)
 class IngestContext:
     """What ingest needs of the run besides the spec.
@@ -190,6 +247,9 @@ class IngestContext:
         bound_ms: the Spark watermark's delay B, ms of event time.
         limits: the plausibility limits.
         watermark_floor_ms: W never counts as lower than this (after a switch), ms of event time.
+        chunk_records: records per chunk at most (`kafka_partition_chunks`); the session's
+            `spark.sql.execution.arrow.maxRecordsPerBatch`, so a task of one Kafka partition
+            keeps the chunks Spark hands it.
     """
 
     run_id: str
@@ -198,6 +258,7 @@ class IngestContext:
     bound_ms: int
     limits: PlausibilityLimits
     watermark_floor_ms: int = 0
+    chunk_records: int = DEFAULT_CHUNK_RECORDS
 
     def reference(self) -> BatchReference:
         """The running batch's reference, floored at `watermark_floor_ms`."""
@@ -520,7 +581,7 @@ def ingest_function(
     def ingest(chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ingest_chunk = RecordIngest(spec, context)
         tables, markers = [], []
-        for chunk in chunks:
+        for chunk in kafka_partition_chunks(chunks, context.chunk_records):
             if chunk.num_rows:
                 table, found = ingest_chunk.chunk(chunk)
                 if table.num_rows:

@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaProducer
 
 from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment
-from keyshift.placement.strategies import KafkaPartitioner
+from keyshift.placement.kafka_partitioner import KafkaPartitioner
 from keyshift.settings import Settings
 from keyshift.topics import create_topics, delete_topics, end_offsets
 

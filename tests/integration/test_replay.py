@@ -16,7 +16,8 @@ from keyshift.errors import ConfigurationError
 from keyshift.names import redis_replay_key
 from keyshift.placement.assignment_store import AssignmentStore
 from keyshift.placement.learning import learn_and_publish, learning_counts
-from keyshift.placement.strategies import KafkaPartitioner, LeastCountStrategy, strategy_by_name
+from keyshift.placement.kafka_partitioner import KafkaPartitioner
+from keyshift.placement.strategies import LeastCountStrategy, strategy_by_name
 from keyshift.settings import Settings
 from keyshift.topics import create_topics, delete_topics, end_offsets
 

@@ -162,3 +162,36 @@ def test_a_deeply_nested_extra_field_is_judged_not_fatal():
     got = ingested(FLIGHT_DELAYS, records)
     assert [row["dead_letter_reason"] for row in got] == [None, "malformed JSON"]
     assert got[0]["origin"] == "ORD" and got[0]["event_id"] == 7
+
+
+def _kafka_batches(sizes_by_partition: list[tuple[int, int]], batch_records: int) -> list[pa.RecordBatch]:
+    """Kafka rows of the given (partition, records) slices one after another, cut every
+    `batch_records` rows as Spark's Arrow batches of a coalesced task are."""
+    partitions = np.concatenate([np.full(n, p, np.int32) for p, n in sizes_by_partition])
+    offsets = np.concatenate([np.arange(n, dtype=np.int64) for _, n in sizes_by_partition])
+    table = pa.table({"key": pa.nulls(len(offsets), pa.binary()), "value": pa.nulls(len(offsets), pa.binary()),
+                      "partition": partitions, "offset": offsets})
+    return table.to_batches(max_chunksize=batch_records)
+
+
+def test_kafka_partition_chunks_keep_a_single_partitions_chunks():
+    from keyshift.processing.ingest import kafka_partition_chunks
+
+    batches = _kafka_batches([(4, 25_000)], 10_000)
+    chunks = list(kafka_partition_chunks(batches, 10_000))
+    assert [c.num_rows for c in chunks] == [10_000, 10_000, 5_000]
+    assert all(c.equals(b) for c, b in zip(chunks, batches))
+
+
+def test_kafka_partition_chunks_cut_a_coalesced_task_as_one_task_per_partition_would():
+    from keyshift.processing.ingest import kafka_partition_chunks
+
+    slices = [(0, 12_500), (1, 7_000), (2, 20_000), (3, 0), (5, 3)]
+    chunks = list(kafka_partition_chunks(_kafka_batches(slices, 10_000), 10_000))
+    got = [(int(c.column("partition")[0].as_py()), int(c.column("offset")[0].as_py()), c.num_rows) for c in chunks]
+    assert got == [(0, 0, 10_000), (0, 10_000, 2_500), (1, 0, 7_000), (2, 0, 10_000), (2, 10_000, 10_000), (5, 0, 3)]
+    for chunk in chunks:  # one Kafka partition each, offsets consecutive
+        assert len(set(chunk.column("partition").to_pylist())) == 1
+        offsets = chunk.column("offset").to_numpy()
+        assert (np.diff(offsets) == 1).all()
+    assert sum(c.num_rows for c in chunks) == sum(n for _, n in slices)

@@ -10,11 +10,11 @@ import pytest
 from kafka.partitioner import DefaultPartitioner
 
 from keyshift.errors import PlacementError
+from keyshift.placement.kafka_partitioner import KafkaPartitioner
 from keyshift.placement.strategies import (
     STRATEGY_NAMES,
     HashStrategy,
     HotSplitStrategy,
-    KafkaPartitioner,
     LeastCountStrategy,
     LeastKeyStrategy,
     ModuloStrategy,
