@@ -18,7 +18,9 @@ The rule, for an event with event time t (ms) in micro-batch b:
   the one recorded for the batch, never the clock of the replay. W = 0 means no watermark yet.
 - The chunk: the records the engine's ingest stage (`keyshift.processing.ingest`) is handed at
   once, `spark.sql.execution.arrow.maxRecordsPerBatch` Kafka records (default 10,000) of one
-  Kafka partition's slice of the batch, in offset order; the same records on a replay with the
+  Kafka partition's slice of the batch, in offset order, counted from the slice's start (a
+  coalesced ingest task reading several partitions re-cuts Spark's batches so,
+  `keyshift.processing.ingest.kafka_partition_chunks`); the same records on a replay with the
   same configuration. Its events are the run's valid records in it. The chunk's events are cut, in offset order,
   into blocks of `reference_block_events` (K, default 1,000); a last block of fewer than
   `reference_min_events` (S) events joins the one before it. m = the lower median of the event

@@ -18,7 +18,8 @@ from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.ysb import YSB
 from keyshift.processing.ingest import (
-    IngestContext, RecordIngest, canonical_pattern, ingest_function, keep_own_records, max_event_times, stage_schema, with_payload,
+    IngestContext, RecordIngest, canonical_pattern, event_times_of_events, events_schema, ingest_function, keep_own_records,
+    max_event_times, stage_schema, with_payload,
 )
 from keyshift.processing.local_merge import input_columns, partial_schema, partials_function
 from keyshift.processing.records import canonical_record_pattern, end_of_input_marker, parse_records
@@ -195,3 +196,23 @@ def test_kafka_partition_chunks_cut_a_coalesced_task_as_one_task_per_partition_w
         offsets = chunk.column("offset").to_numpy()
         assert (np.diff(offsets) == 1).all()
     assert sum(c.num_rows for c in chunks) == sum(n for _, n in slices)
+
+
+def test_a_coalesced_task_ingests_as_one_task_per_kafka_partition():
+    """Two Kafka partitions' slices of a backfill (each spans 30 days of event time, A = 7 days)
+    read by one task give the rows two tasks give: no block of the plausibility rule mixes the
+    end of one slice with the start of the next."""
+    def slice_of(partition: int, n: int) -> pa.RecordBatch:
+        flights = [{"event_id": partition * n + i, "origin": "ORD", "destination": "BOS", "delay_min": 1, "distance_mi": 100,
+                    "event_time": 978_307_200_000 + i * (30 * 86_400_000 // n)} for i in range(n)]
+        batch = kafka_batch([(b"ORD", json.dumps(f, separators=(",", ":")).encode()) for f in flights], partition)
+        return batch
+
+    first, second = slice_of(0, 15_500), slice_of(1, 15_000)  # Spark's second batch: 5,500 + 4,500, mid-block
+    stage = ingest_function(FLIGHT_DELAYS, context(), None, events_schema(FLIGHT_DELAYS), event_times_of_events(FLIGHT_DELAYS))
+    alone = [row for part in (first, second) for row in
+             pa.Table.from_batches(list(stage(iter(pa.Table.from_batches([part]).to_batches(max_chunksize=10_000))))).to_pylist()]
+    together = pa.Table.from_batches(
+        list(stage(iter(pa.Table.from_batches([first, second]).combine_chunks().to_batches(max_chunksize=10_000))))).to_pylist()
+    assert together == alone
+    assert sum(r["dead_letter_reason"] is not None for r in together) == 0
