@@ -180,7 +180,8 @@ def partials_of(
 
     Returns:
         A frame of `partial_schema(spec)` columns: one row per (key, window start, token, Kafka
-        partition) present, with count, each aggregate, and the lists of its events' fields, plus one row
+        partition) present, with count, each aggregate, and the lists of its events' fields,
+        plus one row
         per dead letter. Σ `count` = rows of `events`.
     """
     columns_out = partial_schema(spec).fieldNames()
@@ -358,7 +359,8 @@ def partials_arrow(
     Returns:
         A table of `schema`: the valid events' partials, sorted by (key code, window start,
         token) as `partials_of` sorts them (with a merge segment after the key code for other
-        emit modes or a slice of several Kafka partitions, `per_kafka_partition`), after the dead letters (one row each). Σ `count` = rows of `events`.
+        emit modes or a slice of several Kafka partitions, `per_kafka_partition`), after the
+        dead letters (one row each). Σ `count` = rows of `events`.
     """
     schema = schema or arrow_partial_schema(spec)
     reasons = events.column("dead_letter_reason")
