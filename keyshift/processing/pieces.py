@@ -109,6 +109,8 @@ class PieceAssembler:
             piece rows folded into a completed window minus the windows they made).
         """
         held, marks, fallback = self._base(batch_id)
+        if held is not None and set(windows.columns) <= set(held.columns):
+            held = held[list(windows.columns)]  # a snapshot written with more of the output's columns
         if fallback_ms is not None:
             fallback = max(fallback, int(fallback_ms))
         key = self.spec.key

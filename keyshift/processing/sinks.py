@@ -68,6 +68,15 @@ def window_table_schema(spec: JobSpec) -> pa.Schema:
     )
 
 
+def window_row_columns(spec: JobSpec) -> tuple[str, ...]:
+    """The columns of the processor's output (`keyshift.processing.processor.output_schema`) that a
+    `window` row uses: slot, the key, window_start_ms, window_end_ms, count, the aggregates and the
+    outputs. The sink keeps only these for windows: the other kinds' columns are all NULL in window
+    rows, and pandas' `concat` of frames with all-NULL columns checks them value by value (about
+    290 ms per batch of 36,000 windows at P = 32 with hot_split, against 4 ms without them)."""
+    return ("slot", spec.key, "window_start_ms", "window_end_ms", "count", *spec.aggregate_names, *spec.outputs)
+
+
 def merge_split_windows(windows: pd.DataFrame, spec: JobSpec) -> tuple[pd.DataFrame, int]:
     """Merge the pieces of split keys' windows: one row per (key, window_start_ms).
 
@@ -180,7 +189,7 @@ class KeyedWindowSink:
         run-wide batch id `batch_id`: windows, side outputs, ledger, counters (module docstring)."""
         by_kind = {kind: rows for kind, rows in out.groupby("kind", sort=False)}
         loads = by_kind.get(KIND_LOAD, out.iloc[0:0])
-        windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])
+        windows = by_kind.get(KIND_WINDOW, out.iloc[0:0])[list(window_row_columns(self.spec))]
         late = by_kind.get(KIND_LATE, out.iloc[0:0])
         dead = by_kind.get(KIND_DEAD_LETTER, out.iloc[0:0])
         filtered = 0
