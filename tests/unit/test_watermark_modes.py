@@ -15,6 +15,7 @@ from keyshift.placement.tokens import slot_tokens
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.processing.local_merge import input_columns, partials_of
 from keyshift.processing.pieces import PieceAssembler
+from keyshift.processing.sinks import window_columns, window_row_columns
 from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor, unpack_pending
 
 
@@ -181,6 +182,27 @@ def test_a_split_keys_window_is_written_once_every_piece_has_closed_it(tmp_path)
     # Spark replays batch 1 after a crash: it starts from the pieces held after batch 0 again
     again, _ = PieceAssembler(FLIGHT_DELAYS, tmp_path, {"ORD": (1, 2)}).assemble(second, marks(("ORD", 2, T0 + HOUR_MS + MINUTE)), T0 - HOUR_MS, 1)
     assert again[["count", "sum_delay_min"]].values.tolist() == [[5, 130]]
+
+
+def test_pieces_held_with_every_output_column_merge_with_a_batch_of_window_columns_only(tmp_path):
+    # a run written before the sink kept only a window row's columns resumes: its snapshot holds
+    # the pieces with all of the processor's columns, the new batch has window_row_columns only
+    wide = {**window_row("ORD", 1, T0, 3, 30, 20), "dead_letter_reason": None, "raw_value": None, "event_id": np.nan}
+    PieceAssembler(FLIGHT_DELAYS, tmp_path, {"ORD": (1, 2)}).assemble(
+        pd.DataFrame([wide]), marks(("ORD", 1, T0 + HOUR_MS), ("ORD", 2, T0 + 10 * MINUTE)), T0 - HOUR_MS, 0)
+    columns = list(window_row_columns(FLIGHT_DELAYS))
+    second = pd.DataFrame([window_row("ORD", 2, T0, 2, 100, 90), window_row("LGA", 4, T0, 1, 5, 5)])[columns]
+    out, merged = PieceAssembler(FLIGHT_DELAYS, tmp_path, {"ORD": (1, 2)}).assemble(
+        second, marks(("ORD", 2, T0 + HOUR_MS + MINUTE)), T0 - HOUR_MS, 1)
+    assert list(out.columns) == columns and merged == 1
+    assert out.sort_values("origin")[["origin", "slot", "count", "sum_delay_min", "max_delay_min"]].values.tolist() == [
+        ["LGA", 4, 1, 5, 5], ["ORD", 1, 5, 130, 90]]
+
+
+def test_window_row_columns_are_the_window_table_columns_before_slot_and_epoch():
+    columns = window_row_columns(FLIGHT_DELAYS)
+    assert set(window_columns(FLIGHT_DELAYS)) - {"window_start", "window_end", "epoch"} <= set(columns)
+    assert {"kind", "dead_letter_reason", "raw_value", "event_id", "kafka_offset"}.isdisjoint(columns)
 
 
 def test_a_piece_without_events_in_the_window_completes_it_by_its_watermark_or_the_fallback(tmp_path):
