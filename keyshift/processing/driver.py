@@ -867,6 +867,11 @@ def _watch(
         state = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
         state["batches"] = len(sink.ledger.batches())
     state["outcome"] = None
+    if state["markers_end"] is not None and _covers(segment_start(segment), state["markers_end"]):
+        # a switch cut the run after the batch that read its end-of-input markers, before the
+        # windows they close were emitted: this query starts past them, so it gets markers of its own
+        log.info("run %s: the end-of-input markers were read before this segment's start; writing them again", config.run_id)
+        state["markers_end"] = None
     state["seen"] = seen
     state["consumed"] = consumed
     last_activity = time.monotonic()
