@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         spark_driver_memory: the job driver's JVM heap (`spark.driver.memory`, e.g. `2g`, the
             default: `DEFAULT_DRIVER_MEMORY`); Airflow's launches pass
             it to spark-submit as `--driver-memory`.
+        spark_class_archive: a job that starts its own driver JVM maps a class-data sharing
+            archive of the classes an earlier run loaded, and the first run writes it
+            (`keyshift.processing.class_archive`); False: never.
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
@@ -77,6 +80,7 @@ class Settings(BaseSettings):
     airflow_password: SecretStr | None = None
     spark_master: str = "local[*]"
     spark_driver_memory: str = DEFAULT_DRIVER_MEMORY
+    spark_class_archive: bool = True
     partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")

@@ -38,6 +38,7 @@ from keyshift.processing.processor import PENDING_STATE_NAME, state_variables, u
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
+from keyshift.processing.class_archive import driver_archive
 from keyshift.processing.warmup import start_python_workers
 from keyshift.processing.session import build_spark_session, spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
@@ -546,10 +547,14 @@ def run_flight_delays(
         recorder.on_progress = lambda record: bar({**record, "events_target": events_target})
         ensure_side_output_topics(settings, config.partitions, config.spec.topics)
         own_session = spark is None
+        archive = None
         if spark is None:
             from keyshift.stack.spark import connector_jars
 
-            conf = spark_conf(config.stateful_partitions, jars=connector_jars(settings), driver_memory=settings.spark_driver_memory)
+            jars = connector_jars(settings)
+            archive = driver_archive(settings.cache, jars) if settings.spark_class_archive else None
+            conf = spark_conf(config.stateful_partitions, jars=jars, driver_memory=settings.spark_driver_memory,
+                              extra={"spark.driver.extraJavaOptions": archive.java_options} if archive else None)
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
@@ -590,6 +595,7 @@ def run_flight_delays(
         summary["source_tasks"] = config.source_tasks
         summary["shuffle_write_bytes"] = _shuffle_write_bytes(spark) if own_session else None
         summary["exchange"], summary["emit"] = config.exchange, config.emit
+        summary["driver_class_archive"] = archive.mode if archive else None
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
         summary["resumes"] = recorder.resumes()
         summary["segments"] = len(segments)
