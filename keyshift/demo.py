@@ -82,10 +82,9 @@ def run_demo(
     from keyshift.processing.builtin import compare_windows, run_builtin_windows
     from keyshift.processing.driver import END_OF_INPUT_EVENT_TIME_MS, read_kafka, run_flight_delays
     from keyshift.processing.flight_delays import FlightDelayJobConfig
-    from keyshift.processing.session import build_spark_session, spark_conf
+    from keyshift.processing.session import build_spark_session, job_spark_conf
     from keyshift.quality.windows import validate_windows
     from keyshift.runs import RunRecorder
-    from keyshift.stack.spark import connector_jars
     from keyshift.topics import create_topics, describe_topics
 
     log_path = runlog.attach(runlog.driver_log_path(settings.runs_dir / run_id)) if driver_log else None
@@ -105,8 +104,8 @@ def run_demo(
     replay = replay_flights(settings, topic, limit=limit, rate=rate, strategy=strategy, partitions=partitions, progress=progress)
     log.info("demo %s: replayed %d flights; starting Spark", run_id, replay.events_produced, extra=STEP)
 
-    spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master,
-                                spark_conf(partitions, jars=connector_jars(settings), driver_memory=settings.spark_driver_memory), output=log_path)
+    spark = build_spark_session(f"keyshift-demo-{run_id}", settings.spark_master, job_spark_conf(settings, partitions)[0],
+                                output=log_path)
     config = FlightDelayJobConfig(
         run_id=run_id,
         strategy=strategy,

@@ -38,9 +38,8 @@ from keyshift.processing.processor import PENDING_STATE_NAME, state_variables, u
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
-from keyshift.processing.class_archive import driver_archive
 from keyshift.processing.warmup import start_python_workers
-from keyshift.processing.session import build_spark_session, spark_conf
+from keyshift.processing.session import build_spark_session, job_spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
 from keyshift.processing.sinks import KeyedWindowSink
@@ -549,12 +548,7 @@ def run_flight_delays(
         own_session = spark is None
         archive = None
         if spark is None:
-            from keyshift.stack.spark import connector_jars
-
-            jars = connector_jars(settings)
-            archive = driver_archive(settings.cache, jars) if settings.spark_class_archive else None
-            conf = spark_conf(config.stateful_partitions, jars=jars, driver_memory=settings.spark_driver_memory,
-                              extra={"spark.driver.extraJavaOptions": archive.java_options} if archive else None)
+            conf, archive = job_spark_conf(settings, config.stateful_partitions)
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)

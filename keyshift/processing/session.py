@@ -14,11 +14,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from pyspark.sql import SparkSession
 
 from keyshift.settings import DEFAULT_DRIVER_MEMORY
+
+if TYPE_CHECKING:
+    from keyshift.processing.class_archive import DriverArchive
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,30 @@ def spark_conf(
         conf["spark.jars"] = jar_list
     conf.update(extra or {})
     return conf
+
+
+def job_spark_conf(settings, partitions: int) -> tuple[dict[str, str], "DriverArchive | None"]:
+    """`spark_conf` for a keyshift job whose driver JVM this process starts: the Kafka connector
+    jars, `settings.spark_driver_memory`, and the driver's class archive
+    (`keyshift.processing.class_archive`) unless `settings.spark_class_archive` is off.
+
+    Args:
+        settings: a `keyshift.settings.Settings`.
+        partitions: S, as in `spark_conf`.
+
+    Returns:
+        (the configuration, the archive decision or None).
+
+    Raises:
+        StackError: the connector jars cannot be fetched (`keyshift.stack.spark.connector_jars`).
+    """
+    from keyshift.processing.class_archive import driver_archive
+    from keyshift.stack.spark import connector_jars
+
+    jars = connector_jars(settings)
+    archive = driver_archive(settings.cache, jars) if settings.spark_class_archive else None
+    extra = {"spark.driver.extraJavaOptions": archive.java_options} if archive else None
+    return spark_conf(partitions, jars=jars, driver_memory=settings.spark_driver_memory, extra=extra), archive
 
 
 def build_spark_session(
