@@ -6,7 +6,9 @@ replayed once into a fresh topic placed by the strategy; then the plain job
 on: validation and dead letters, late output, per-slot metrics, placement, key-level watermarks
 with a one-minute bound as the demo runs it) read the same records, alternating, `runs` times
 each. Every run is a child process of the bench, timed from its start to its exit (JVM start
-included), one at a time, so they never share the 2 cores.
+included), one at a time, so they never share the 2 cores. keyshift's runs map the driver JVM's
+class archive (`keyshift.processing.class_archive`; when it is missing, one unmeasured keyshift
+run writes it first); the plain job's JVM starts as a user's would, without one.
 
 Per run (`rows`): `events_per_second` = events / whole-process seconds; `steady_events_per_second`
 = events / trigger-execution seconds of the batches after the first that read rows (what the
@@ -50,10 +52,6 @@ TARGETS = {"ratio_whole": 1.0, "ratio_whole_floor": 0.9, "ratio_steady": 1.0, "f
            "p32_over_p8": 0.8, "driver_peak_rss_bytes": 2.2e9}
 """The issue's goals: keyshift / plain whole-run and steady ratios, keyshift's first batch (s),
 P = 32 throughput over P = 8, keyshift's driver peak memory (bytes)."""
-
-CLASS_ARCHIVE_FLIGHTS = 250_000
-"""Records of the unmeasured run that writes the driver's class archive when it is missing (one
-micro-batch: enough to load every class a run loads)."""
 
 
 @dataclass(frozen=True)
@@ -152,19 +150,19 @@ def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, fl
     }
 
 
-def _write_class_archive(settings: Settings, topic: str, config: Config, work: Path, per_trigger: int,
+def _write_class_archive(settings: Settings, topic: str, config: Config, work: Path, flights: int, per_trigger: int,
                          timeout_s: float) -> None:
-    """Run keyshift's job once, unmeasured, on `CLASS_ARCHIVE_FLIGHTS` flights when its driver
-    JVM's class archive does not exist yet (`keyshift.processing.class_archive`), so that no
-    measured run pays the one-off writing of it."""
+    """Run keyshift's job once, unmeasured, on the topic when its driver JVM's class archive does
+    not exist yet (`keyshift.processing.class_archive`), so that no measured run pays the one-off
+    writing of it (10 to 20 s at the run's exit) and every measured run maps it."""
     from keyshift.processing.class_archive import archive_path
     from keyshift.stack.spark import connector_jars
 
     path = archive_path(settings.cache, connector_jars(settings)) if settings.spark_class_archive else None
     if path is None or path.exists():
         return
-    log.info("no driver class archive yet: one unmeasured keyshift run on %d flights writes %s", CLASS_ARCHIVE_FLIGHTS, path)
-    run_keyshift(settings, topic, config, f"{work.name}-class-archive", CLASS_ARCHIVE_FLIGHTS, per_trigger, timeout_s)
+    log.info("no driver class archive yet: one unmeasured keyshift run on %s writes %s", topic, path)
+    run_keyshift(settings, topic, config, f"{work.name}-class-archive", flights, per_trigger, timeout_s)
 
 
 def _row(job: str, config: Config, run: int, result: Mapping[str, Any]) -> dict[str, Any]:
@@ -324,7 +322,7 @@ def run_throughput_bench(
                                 progress=False)
         if reference is None:
             reference = reference_windows(flights_path(settings), limit=replay.events_produced)
-            _write_class_archive(settings, topic, config, work, per_trigger, timeout_s)
+            _write_class_archive(settings, topic, config, work, replay.events_produced, per_trigger, timeout_s)
         for run in range(runs):
             bar.set_postfix_str(f"P={config.partitions} {config.strategy} run {run + 1}: plain")
             plain = run_plain(settings, topic, config, work / f"plain-{config.partitions}-{run}", per_trigger, timeout_s)
