@@ -154,7 +154,7 @@ def _write_class_archive(settings: Settings, topic: str, config: Config, work: P
                          timeout_s: float) -> None:
     """Run keyshift's job once, unmeasured, on the topic when its driver JVM's class archive does
     not exist yet (`keyshift.processing.class_archive`), so that no measured run pays the one-off
-    writing of it (10 to 20 s at the run's exit) and every measured run maps it."""
+    writing of it (about 20 s at the run's exit) and every measured run maps it."""
     from keyshift.processing.class_archive import archive_path
     from keyshift.stack.spark import connector_jars
 

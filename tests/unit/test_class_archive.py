@@ -50,6 +50,18 @@ def test_archive_key_changes_with_any_jar_and_with_java(tmp_path):
     assert archive_key(other_java, spark_jars, [kafka]) != archive_key(java, spark_jars, [kafka])
 
 
+def test_archive_key_changes_with_the_jvm_library_beside_the_launcher(tmp_path):
+    """A JDK update in place may keep the `java` launcher byte for byte and replace libjvm.so."""
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    (home / "lib" / "server").mkdir(parents=True)
+    java = _jar(home / "bin", "java", b"launcher")
+    libjvm = _jar(home / "lib" / "server", "libjvm.so", b"jvm 17.0.15")
+    key = archive_key(java, tmp_path, [])
+    libjvm.write_bytes(b"jvm 17.0.16 build")
+    assert archive_key(java, tmp_path, []) != key
+
+
 def test_orphaned_partials_are_removed_and_live_ones_kept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     orphan = _jar(tmp_path, f"driver-abc.jsa.{dead.stdout.strip()}.partial", b"x")
@@ -95,12 +107,14 @@ def _fake_jvm(partial: Path, write: bool, code: int) -> subprocess.Popen:
 def test_only_a_complete_archive_is_renamed(tmp_path, monkeypatch, write, code, renamed):
     partial = tmp_path / "driver-abc.jsa.123.partial"
     final = tmp_path / "driver-abc.jsa"
+    older = _jar(tmp_path, "driver-old.jsa", b"another JDK's archive")
     context = _FakeContext(_fake_jvm(partial, write, code))
     monkeypatch.setattr(SparkContext, "_active_spark_context", context)
     assert finish_partial_archive(partial, final, timeout_s=30) is renamed
     assert context.stopped
     assert final.exists() is renamed
     assert not partial.exists()  # renamed, or deleted so that a later run never maps half an archive
+    assert older.exists() is not renamed  # replaced by the new one, or kept while there is none
     if renamed:
         assert final.read_bytes() == b"archive" * 100
 
