@@ -57,7 +57,8 @@ RUN_ID = "{{ job_run_id(run_id) }}"
     doc_md=__doc__,
     default_args={"owner": "keyshift", "retries": 0},
     user_defined_macros={"job_run_id": pipeline.job_run_id, "spark_env": pipeline.spark_env,
-                         "connector_jars": pipeline.connector_jars_option, "job_topic": pipeline.job_topic},
+                         "connector_jars": pipeline.connector_jars_option, "job_topic": pipeline.job_topic,
+                         "driver_java_options": pipeline.driver_java_options},
     params={
         "job": Param("flight_delays", type="string", enum=list(pipeline.JOBS),
                      description="The job: flight_delays (real flights, hourly delay windows per origin) or ysb "
@@ -150,6 +151,7 @@ def keyshift_pipeline():
         conn_id="spark_default",
         application=str(pipeline.APPLICATION),
         jars="{{ connector_jars() }}",
+        conf={"spark.driver.extraJavaOptions": "{{ driver_java_options() }}"},  # the class archive, when one exists
         name=f"keyshift-{RUN_ID}",
         application_args=pipeline.spark_submit_args(
             RUN_ID, "{{ params.strategy }}", "{{ params.partitions }}", "{{ params.bound_ms }}",

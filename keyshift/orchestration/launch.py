@@ -263,10 +263,12 @@ def launch_job(
             log.warning("Run %s has a stale record (state %s, no live driver); launching again",
                         run_id, existing.get("state"))
 
+        java_options = pipeline.driver_java_options(settings)  # the driver's class archive, when one exists
         base = (
             spark_submit_binary(), "--master", settings.spark_master, "--name", f"keyshift-{run_id}",
             "--driver-memory", settings.spark_driver_memory,
             "--jars", jars_option(settings),  # the driver JVM exists before the job's code runs
+            *(("--driver-java-options", java_options) if java_options else ()),
             str(application),
         )
         argv = (*base, *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit, topic=topic,

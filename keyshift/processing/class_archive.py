@@ -23,6 +23,11 @@ The life of an archive (`driver_archive`):
    job's driver, once per machine.
 2. Every later run maps it: `-XX:SharedArchiveFile=<archive>`.
 
+A driver JVM that spark-submit starts (Airflow's `spark_submit` task, `launch_job`'s supervisor)
+only maps the archive, when it exists (`spark_submit_java_options`): it starts before keyshift's
+code runs, so nothing would be there to rename what it wrote. Checked with `-Xlog:cds`: such a
+JVM maps the archive a `keyshift job run` wrote ("Mapped dynamic region").
+
 The rename matters: a JVM that maps a truncated archive crashes (SIGBUS, seen on OpenJDK
 17.0.15), while an archive that does not fit (another classpath, another JDK) is only refused
 with a warning and the JVM loads its classes as without it. A JVM that does not start its driver
@@ -113,6 +118,14 @@ def archive_path(cache: Path, jars: Iterable[Path]) -> Path | None:
     if java is None:
         return None
     return cache / "jvm" / f"driver-{archive_key(java, Path(pyspark.__file__).parent / 'jars', list(jars))}.jsa"
+
+
+def spark_submit_java_options(cache: Path, jars: Iterable[Path]) -> str:
+    """`-XX:SharedArchiveFile=<archive>` for a driver JVM that spark-submit starts with `jars`
+    (`--driver-java-options`), when the archive exists; "" otherwise (the JVM then loads its
+    classes as without one). A JVM given a path whose file is gone later starts without it."""
+    path = archive_path(cache, jars)
+    return f"-XX:SharedArchiveFile={path}" if path is not None and path.exists() else ""
 
 
 def driver_archive(cache: Path, jars: Iterable[Path]) -> DriverArchive | None:

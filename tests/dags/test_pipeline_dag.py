@@ -92,7 +92,10 @@ def test_spark_submit_operator_renders_args_from_params(dag):
     assert op._conn_id == "spark_default"
     assert op.application == str(REPO / "spark_jobs" / "flight_delays.py")
     assert op.jars == "{{ connector_jars() }}"  # rendered at run time: under spark-submit the JVM exists before the job runs
+    assert op.conf == {"spark.driver.extraJavaOptions": "{{ driver_java_options() }}"}  # the class archive, at run time
     env = dag.get_template_env()
+    java_options = env.from_string(op.conf["spark.driver.extraJavaOptions"]).render()
+    assert java_options == "" or Path(java_options.removeprefix("-XX:SharedArchiveFile=")).exists(), java_options
     context = {
         "params": {"job": "flight_delays", "strategy": "hash", "partitions": 4, "limit": 20000, "rate": None, "bound_ms": 60000,
                    "watermark": "key", "exchange": "local_merge"},

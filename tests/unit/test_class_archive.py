@@ -18,7 +18,14 @@ import pytest
 from pyspark import SparkContext
 
 from keyshift.processing import class_archive
-from keyshift.processing.class_archive import _remove_orphaned_partials, archive_key, driver_archive, finish_partial_archive
+from keyshift.processing.class_archive import (
+    _remove_orphaned_partials,
+    archive_key,
+    archive_path,
+    driver_archive,
+    finish_partial_archive,
+    spark_submit_java_options,
+)
 
 
 def _jar(folder: Path, name: str, data: bytes) -> Path:
@@ -145,3 +152,14 @@ def test_driver_archive_uses_an_existing_archive_and_otherwise_writes_one(tmp_pa
 def test_driver_archive_stays_out_of_a_running_jvm(tmp_path, monkeypatch):
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")  # under spark-submit: the JVM started before us
     assert driver_archive(tmp_path / "cache", []) is None
+
+
+def test_spark_submit_launches_map_an_archive_only_when_it_exists(tmp_path):
+    jar = _jar(tmp_path, "kafka.jar", b"kafka")
+    cache = tmp_path / "cache"
+    assert spark_submit_java_options(cache, [jar]) == ""  # none yet: such a JVM never writes one
+    path = archive_path(cache, [jar])
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"archive")
+    assert spark_submit_java_options(cache, [jar]) == f"-XX:SharedArchiveFile={path}"
+    assert not list(path.parent.glob("*.partial"))
