@@ -35,7 +35,7 @@ from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
 from keyshift.processing.processor import PENDING_STATE_NAME, state_variables, unpack_pending
-from keyshift.processing.failpoints import InjectedFailure, fail_here
+from keyshift.processing.failpoints import FAILPOINT_ENV, InjectedFailure, armed, fail_here
 from keyshift.processing.records import end_of_input_marker
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.warmup import start_python_workers
@@ -921,6 +921,8 @@ def _watch(
             except Exception as exc:  # Redis restarting: switches wait, the job goes on
                 log.warning("run %s: cannot read switch requests (%s)", config.run_id, exc)
                 request = None
+            if request is not None and request.get("step") == "requested" and _switch_held_for_markers(segment, state):
+                request = None  # a test's failpoint: the switch waits until a batch has read the markers
             if request is not None and request.get("step") == "requested":
                 log.info("run %s: switch %s requested: %s/P=%d -> %s/P=%s", config.run_id, request["switch_id"],
                          config.strategy, config.partitions, request["strategy_to"], request["partitions_to"], extra=STEP)
@@ -930,6 +932,17 @@ def _watch(
         if target is not None and time.monotonic() - last_activity > config.idle_timeout_s:
             raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
         time.sleep(0.1)
+
+
+def _switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> bool:
+    """True while failpoint `switch.after_markers_read@n` holds the run's n-th switch (n = this
+    segment's index + 1): until a completed batch has read the end-of-input markers, so that the
+    next segment starts past them (`_watch` then writes markers again). Merely planned is not
+    enough: a switch stops the query before a planned batch's sink runs, and the new query reads
+    that batch's records again. Always False outside tests (`keyshift.processing.failpoints`)."""
+    if FAILPOINT_ENV not in os.environ or armed() != ("switch.after_markers_read", int(segment["index"]) + 1):
+        return False
+    return state["markers_end"] is None or not _covers(state["consumed"], state["markers_end"])
 
 
 def _with_default_stateful_partitions(config: FlightDelayJobConfig, spark: SparkSession | None, master: str) -> FlightDelayJobConfig:

@@ -16,6 +16,7 @@ lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outs
 | `sink.after_outputs` | the sink, after b's windows file, Kafka transaction and ledger | b's outputs all written, b not committed: Spark replays b |
 | `switch.<step>` (n = the run's n-th switch) | the driver, right after step `stopped`, `migrated`, `segment` or `published` of a switch | see `keyshift.migration.switch`: redone before the segment, finished after |
 | `switch.new_query` (raises, does not kill) | the driver, once the new query of switch n started | the new query fails before its first commit: the switch rolls back |
+| `switch.after_markers_read` (holds, does not kill) | the driver, when switch n is requested | the driver acts on it only once a completed batch has read the end-of-input markers: the next segment starts past them |
 
 Run the driver in its own process group (`start_new_session=True`, as the detached launcher
 does), or the kill takes its parent with it.
