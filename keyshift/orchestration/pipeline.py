@@ -450,7 +450,7 @@ def connector_jars_option() -> str:
     return jars_option(Settings())
 
 
-def driver_java_options(settings=None) -> str:
+def driver_java_options(settings: Settings | None = None) -> str:
     """`spark.driver.extraJavaOptions` for a spark-submit launch: map the driver JVM's class
     archive when one exists and `settings.spark_class_archive` (`KEYSHIFT_SPARK_CLASS_ARCHIVE`)
     is on, else "" (`keyshift.processing.class_archive.spark_submit_java_options`). The DAG
@@ -460,7 +460,6 @@ def driver_java_options(settings=None) -> str:
         settings: a `keyshift.settings.Settings`; None: `Settings()` from the environment.
     """
     from keyshift.processing.class_archive import spark_submit_java_options
-    from keyshift.settings import Settings
     from keyshift.stack.spark import connector_jars
 
     settings = settings or Settings()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from pyspark.sql import SparkSession
 
-from keyshift.settings import DEFAULT_DRIVER_MEMORY
+from keyshift.settings import DEFAULT_DRIVER_MEMORY, Settings
 
 if TYPE_CHECKING:
     from keyshift.processing.class_archive import DriverArchive
@@ -80,13 +80,13 @@ def spark_conf(
     return conf
 
 
-def job_spark_conf(settings, partitions: int) -> tuple[dict[str, str], "DriverArchive | None"]:
+def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str], "DriverArchive | None"]:
     """`spark_conf` for a keyshift job whose driver JVM this process starts: the Kafka connector
     jars, `settings.spark_driver_memory`, and the driver's class archive
     (`keyshift.processing.class_archive`) unless `settings.spark_class_archive` is off.
 
     Args:
-        settings: a `keyshift.settings.Settings`.
+        settings: the stack's settings (cache, driver memory, `spark_class_archive`).
         partitions: S, as in `spark_conf`.
 
     Returns:
