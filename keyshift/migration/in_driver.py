@@ -167,10 +167,17 @@ def migrate(
     return segments
 
 
-def slot_function(record: dict[str, Any]) -> Callable[[str], int]:
+def slot_function(record: dict[str, Any], placed: Callable[[str], int | None] | None = None) -> Callable[[str], int]:
     """key -> its slot under the switch's new assignment: a split key's first piece, a mapped
-    key's slot, else the rule (hash for a learned strategy's keys that no one has placed yet,
-    which `complete_mapping` makes none of those holding state)."""
+    key's slot, else the slot `placed` reports (the shared store's slot of a key the new query
+    placed itself, `AssignmentStore.slot_of`), else the rule (hash for a learned strategy's keys
+    that no one has placed yet, which `complete_mapping` makes none of those holding state).
+
+    Args:
+        record: the switch record (`partitions_to`, `strategy_to`, `mapping`, `split`).
+        placed: key -> its recorded slot in the store, or None when it has none; None (the
+            default) asks no store, as while the state is being migrated.
+    """
     from keyshift.placement.strategies import strategy_by_name
 
     partitions = int(record["partitions_to"])
@@ -182,7 +189,8 @@ def slot_function(record: dict[str, Any]) -> Callable[[str], int]:
             return int(split[key][0])
         if key in mapping:
             return int(mapping[key])
-        return rule.slot_of(key)
+        slot = placed(key) if placed is not None else None
+        return rule.slot_of(key) if slot is None else int(slot)
 
     return slot_of
 
@@ -253,7 +261,9 @@ def verify_and_finish(
     """Steps verified and done, once the new query committed its first batch.
 
     Every key's state must sit on the stateful partition of its assigned slot (state reader
-    `partition_id`; `keyshift.placement.tokens.stateful_partition_of_slot`); `conservation`
+    `partition_id`; `keyshift.placement.tokens.stateful_partition_of_slot`): the plan's slot,
+    or, for a learned strategy's key first seen after the cut, the slot the shared store gave it
+    (`AssignmentStore.slot_of`); `conservation`
     (the job's own check, e.g. pending events before + processed - emitted = pending after) is
     recorded beside it. The pause (stop request to first commit) becomes the topic's measured
     migration cost for the cost_aware trigger.
@@ -265,7 +275,14 @@ def verify_and_finish(
     if record.get("query_started_at"):
         record.setdefault("step_seconds", {})["first_batch"] = round(first_commit_at - float(record["query_started_at"]), 3)
     split = {k: tuple(v) for k, v in (record.get("split") or {}).items()}
-    slot_of = slot_function(record)
+    # A key first seen in the new query's first batch (absent from the plan and from the migrated
+    # state) was placed by the store's atomic assign (`assignment_token_lookup`), not by the rule.
+    placed = None
+    if record["strategy_to"] not in ("hash", "modulo"):
+        from keyshift.placement.assignment_store import AssignmentStore
+
+        placed = AssignmentStore.from_settings(settings, record["topic"]).slot_of
+    slot_of = slot_function(record, placed)
 
     partitions = int(segment["partitions"])
     stateful_partitions = int(segment.get("stateful_partitions") or partitions)

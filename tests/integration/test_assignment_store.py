@@ -312,3 +312,29 @@ def test_unreachable_redis_is_a_stack_error():
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, decode_responses=True)
     with pytest.raises(StackError, match="keyshift stack up"):
         AssignmentStore(dead, "x").epoch()
+
+
+def test_a_switch_verifies_a_key_the_new_query_placed_by_the_store_slot(store):
+    """Stop 29's CI: a key absent from the switch's plan and from the migrated state (PSG, seen
+    again only after the cut) is placed in the new query's first batch by the store's atomic
+    assign; the switch's placement check must expect that slot, not the hash rule's."""
+    from keyshift.migration.in_driver import slot_function
+    from keyshift.placement.spark_tokens import assignment_token_lookup
+    from keyshift.placement.strategies import strategy_by_name
+
+    hashed = strategy_by_name("hash", 4).slot_of("PSG")
+    emptiest = (hashed + 1) % 4
+    loads = [9, 9, 9, 9]
+    loads[emptiest] = 0
+    mapping = {"ORD": 0, "ATL": 1, "DEN": 2, "SFO": 3}
+    store.publish("least_count", 4, mapping, loads)
+    record = {"switch_id": "sw", "strategy_to": "least_count", "partitions_to": 4, "mapping": mapping, "split": {}}
+
+    token_of, tokens = assignment_token_lookup(mapping, 4, Settings().redis_url, store.name)
+    job_slot = list(tokens).index(token_of("PSG"))  # the slot the new query's ingest gave it
+    assert job_slot == emptiest != hashed
+    assert slot_function(record, store.slot_of)("PSG") == job_slot
+    assert slot_function(record, store.slot_of)("ORD") == 0 and slot_function(record, store.slot_of)("never") == \
+        strategy_by_name("hash", 4).slot_of("never")  # planned keys and unplaced keys as before
+    assert slot_function(record)("PSG") == hashed  # without the store, the rule's slot: the CI failure
+

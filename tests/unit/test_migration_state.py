@@ -140,6 +140,19 @@ def test_keys_with_state_missing_from_the_plan_get_the_least_loaded_slots():
     assert complete_mapping(dict(rule), {"HDN"})["mapping"] == record["mapping"]  # the rule places every key
 
 
+def test_a_key_the_new_query_placed_itself_is_expected_on_the_store_slot():
+    from keyshift.migration.in_driver import slot_function
+    from keyshift.placement.strategies import strategy_by_name
+
+    record = {"switch_id": "sw", "strategy_to": "least_count", "partitions_to": 3, "mapping": {"ORD": 0}, "split": {"ATL": [2, 1]}}
+    hashed = strategy_by_name("hash", 3).slot_of("PSG")
+    placed = {"PSG": (hashed + 1) % 3, "ORD": 2, "ATL": 0}.get  # the store's record; plan and split win
+    slot_of = slot_function(record, placed)
+    assert slot_of("PSG") == (hashed + 1) % 3 and slot_of("ORD") == 0 and slot_of("ATL") == 2
+    assert slot_of("EGE") == strategy_by_name("hash", 3).slot_of("EGE")  # placed nowhere: the rule
+    assert slot_function(record)("PSG") == hashed
+
+
 def test_windows_and_key_clocks_migrate_together_into_a_spark_initial_state(spark, tmp_path):
     """Both declared variables in one initial-state frame: each variable's longs are NULL in the
     other's rows, and Spark must still get longs (not floats) for the rows that have them."""
