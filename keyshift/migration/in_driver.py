@@ -153,6 +153,11 @@ def migrate(
         "split": {k: list(v) for k, v in (record.get("split") or {}).items()} or None, "topic": topic,
         "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": base, "watermark_floor_ms": floor,
         "initial_state": state_file, "switch_id": record["switch_id"],
+        # end-of-input markers already in the topic were written for the old query: if the cut
+        # came before the batch that read them, they sit among input the new query still reads
+        # (and alone in a partition added for a larger P), so the new query ignores them and
+        # the driver writes markers of its own once this segment's input is planned to its end
+        "marker_floor": {str(p): int(o) for p, o in sorted(now.end.items())},
     }
     segments = [*segments, segment]
     save_segments(segments)

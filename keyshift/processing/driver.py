@@ -335,6 +335,12 @@ def segment_start(segment: dict[str, Any]) -> dict[int, int]:
     return {int(p): int(o) for p, o in segment["start_offsets"].items()}
 
 
+def _marker_floor(segment: dict[str, Any]) -> dict[int, int]:
+    """`segment`'s marker floor, partition -> offset (empty for a run's first segment): the
+    run's end-of-input markers below it are ignored by its query."""
+    return {int(p): int(o) for p, o in (segment.get("marker_floor") or {}).items()}
+
+
 def load_job_record(run_dir: Path) -> tuple[FlightDelayJobConfig, dict[int, int], dict[str, str]]:
     """(config, start offsets partition -> offset, replay record) of a started run.
 
@@ -668,6 +674,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         stream = flight_delay_stream(
             read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
+            marker_floor=segment.get("marker_floor"),
         )
         query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
         batch_function = sink
@@ -872,8 +879,16 @@ def _watch(
         # windows they close were emitted: this query starts past them, so it gets markers of its own
         log.info("run %s: the end-of-input markers were read before this segment's start; writing them again", config.run_id)
         state["markers_end"] = None
+    elif state["markers_end"] is not None and _covers(_marker_floor(segment), state["markers_end"]):
+        # a switch cut the run before the batch that read them: they sit among this query's input
+        # (alone in a partition added for a larger P, read before other partitions' last events),
+        # so this query ignores them (`IngestContext.marker_floor`) and gets markers of its own
+        log.info("run %s: the end-of-input markers were written before this segment and not read; "
+                 "it ignores them and writes its own", config.run_id)
+        state["markers_end"] = None
     state["seen"] = seen
     state["consumed"] = consumed
+    _hold_markers_batch(sink, segment, config, target, checkpoint)
     last_activity = time.monotonic()
     next_poll = 0.0
     if switching is not None and committed:
@@ -935,14 +950,36 @@ def _watch(
 
 
 def _switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> bool:
-    """True while failpoint `switch.after_markers_read@n` holds the run's n-th switch (n = this
-    segment's index + 1): until a completed batch has read the end-of-input markers, so that the
-    next segment starts past them (`_watch` then writes markers again). Merely planned is not
-    enough: a switch stops the query before a planned batch's sink runs, and the new query reads
-    that batch's records again. Always False outside tests (`keyshift.processing.failpoints`)."""
-    if FAILPOINT_ENV not in os.environ or armed() != ("switch.after_markers_read", int(segment["index"]) + 1):
+    """True while a test's failpoint holds the run's n-th switch (n = this segment's index + 1).
+
+    `switch.after_markers_read@n`: until a completed batch has read the end-of-input markers, so
+    that the next segment starts past them (`_watch` then writes markers again). Merely planned
+    is not enough: a switch stops the query before a planned batch's sink runs, and the new query
+    reads that batch's records again. `switch.before_markers_batch@n`: until the markers are
+    written (`_hold_markers_batch` holds the batch planned to the input's end at the sink until
+    the switch refuses it), so that the next segment finds them among its input and ignores
+    them (`IngestContext.marker_floor`). Always False outside tests
+    (`keyshift.processing.failpoints`)."""
+    if FAILPOINT_ENV not in os.environ:
         return False
-    return state["markers_end"] is None or not _covers(state["consumed"], state["markers_end"])
+    number = int(segment["index"]) + 1
+    if armed() == ("switch.after_markers_read", number):
+        return state["markers_end"] is None or not _covers(state["consumed"], state["markers_end"])
+    if armed() == ("switch.before_markers_batch", number):
+        return state["markers_end"] is None
+    return False
+
+
+def _hold_markers_batch(sink, segment: dict[str, Any], config: FlightDelayJobConfig, target: dict[int, int] | None,
+                        checkpoint: Path) -> None:
+    """Failpoint `switch.before_markers_batch@n` (n = this segment's index + 1): the sink holds
+    the batch planned to the input's end (the one after which the driver writes the markers)
+    until switch n's barrier refuses it, so that the cut comes right before it. A no-op outside
+    tests and in runs without `--limit`."""
+    if FAILPOINT_ENV not in os.environ or target is None or armed() != ("switch.before_markers_batch", int(segment["index"]) + 1):
+        return
+    room = _marker_room(config.max_offsets_per_trigger, config.partitions)
+    sink.hold_until_barrier = lambda: _input_reached(target, {}, planned_offsets(checkpoint, config.topic), room)
 
 
 def _with_default_stateful_partitions(config: FlightDelayJobConfig, spark: SparkSession | None, master: str) -> FlightDelayJobConfig:

@@ -17,6 +17,7 @@ lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outs
 | `switch.<step>` (n = the run's n-th switch) | the driver, right after step `stopped`, `migrated`, `segment` or `published` of a switch | see `keyshift.migration.switch`: redone before the segment, finished after |
 | `switch.new_query` (raises, does not kill) | the driver, once the new query of switch n started | the new query fails before its first commit: the switch rolls back |
 | `switch.after_markers_read` (holds, does not kill) | the driver, when switch n is requested | the driver acts on it only once a completed batch has read the end-of-input markers: the next segment starts past them |
+| `switch.before_markers_batch` (holds, does not kill) | the driver, when switch n is requested; the sink, at the batch planned to the input's end | the driver acts on the switch only once it has written the end-of-input markers, and the sink holds that batch until the switch refuses it: the cut comes right before it, and the next segment finds the markers among its input |
 
 Run the driver in its own process group (`start_new_session=True`, as the detached launcher
 does), or the kill takes its parent with it.

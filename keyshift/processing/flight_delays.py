@@ -24,6 +24,7 @@ flights by default); its spec says what is computed (`keyshift.jobs`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,6 +229,7 @@ def flight_delay_stream(
     checkpoint_dir: str | Path | None = None,
     initial_state=None,
     watermark_floor_ms: int = 0,
+    marker_floor: Mapping[int, int] | None = None,
 ) -> DataFrame:
     """Chain parse -> plausibility -> watermark -> Local Merge with slot tokens -> stateful processor.
 
@@ -242,6 +244,8 @@ def flight_delay_stream(
             (`keyshift.migration.state.initial_state_frame`); None: start empty.
         watermark_floor_ms: after a switch, the old query's next watermark (ms of event time):
             lateness, window closing and the plausibility reference never go below it.
+        marker_floor: after a switch, partition -> the topic's end offset when the segment was
+            made: the run's end-of-input markers below it are ignored (`IngestContext`).
 
     Returns:
         A streaming DataFrame of processor output rows, append mode: `output_schema(config.spec)`
@@ -263,6 +267,7 @@ def flight_delay_stream(
         run_id=config.run_id, end_offsets=config.end_offsets,
         checkpoint_dir=str(checkpoint_dir or default_checkpoint_dir(config.run_id)),
         bound_ms=policy.spark_delay_ms, limits=config.plausibility, watermark_floor_ms=watermark_floor_ms,
+        marker_floor={int(p): int(o) for p, o in marker_floor.items()} if marker_floor else None,
         chunk_records=int(kafka_rows.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch",
                                                            str(DEFAULT_CHUNK_RECORDS))),
     )

@@ -250,6 +250,10 @@ class IngestContext:
         chunk_records: records per chunk at most (`kafka_partition_chunks`); the session's
             `spark.sql.execution.arrow.maxRecordsPerBatch`, so a task of one Kafka partition
             keeps the chunks Spark hands it.
+        marker_floor: partition -> offset; the run's end-of-input markers below it were written
+            for an earlier segment (before a switch) and are dropped like another run's, so
+            that the query reads only the markers written for it, after all of its input
+            (`keyshift.processing.driver._watch`). None or a missing partition: offset 0.
     """
 
     run_id: str
@@ -259,6 +263,7 @@ class IngestContext:
     limits: PlausibilityLimits
     watermark_floor_ms: int = 0
     chunk_records: int = DEFAULT_CHUNK_RECORDS
+    marker_floor: Mapping[int, int] | None = None
 
     def reference(self) -> BatchReference:
         """The running batch's reference, floored at `watermark_floor_ms`."""
@@ -354,11 +359,14 @@ class RecordIngest:
         markers: list[Marker] = []
         own_marker = np.zeros(n, bool)
         if is_control.any():
+            floor = self.context.marker_floor or {}
             for i in np.flatnonzero(is_control):
                 marker = control_marker(self.spec, values[i].as_py())
-                # a marker of this run without a readable event time cannot move the watermark:
+                # a marker of this run without a readable event time cannot move the watermark,
+                # and one below the marker floor was written for an earlier segment: both are
                 # dropped like another run's
-                if marker is not None and marker[0] == self.context.run_id and marker[1] is not None:
+                if marker is not None and marker[0] == self.context.run_id and marker[1] is not None \
+                        and offsets[i] >= floor.get(int(partitions[i]), 0):
                     own_marker[i] = True
                     markers.append(Marker(int(partitions[i]), int(offsets[i]), int(marker[1])))
         keep = keep_own_records(partitions, offsets, is_control, own_marker, self.context.end_offsets) & ~is_control

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,7 @@ class KeyedWindowSink:
         self.redis_windows = redis_windows
         self.barrier = threading.Event()
         self.in_flight = False
+        self.hold_until_barrier: Callable[[], bool] | None = None  # a test's failpoint (`driver._hold_markers_batch`)
         self.last_query_batch: int | None = None
         self._lock = threading.Lock()
 
@@ -172,6 +174,8 @@ class KeyedWindowSink:
             SwitchBarrier: a switch's cut was set (`barrier`) before this batch reached the
                 sink: nothing of it is run or written and Spark does not commit it.
         """
+        if self.hold_until_barrier is not None and self.hold_until_barrier():
+            self.barrier.wait(timeout=300)
         if self.barrier.is_set():
             raise SwitchBarrier(f"batch {query_batch_id} refused: a switch stops the query at the batch before it")
         self.in_flight = True

@@ -97,6 +97,28 @@ def batches_done(run_dir: Path) -> int:
     return len(list((run_dir / "batches").glob("*.json"))) if (run_dir / "batches").exists() else 0
 
 
+def switch_at_the_markers(settings, tmp_path: Path, label: str, flights: int, per_trigger: int, failpoint: str,
+                          strategy: str, partitions: int | None = None) -> tuple[Path, dict]:
+    """Run the job on a fresh topic (key watermarks, one-minute bound) with `failpoint` armed,
+    switch it once to `strategy` (and P) after its first batch, and wait for the run's end.
+
+    Returns:
+        (the run's folder, the done switch record). Fails the test if the switch or the run failed.
+    """
+    from keyshift.migration.switch import request_switch
+
+    topic = run_id = fresh_topic(settings, label, flights)
+    run_dir = settings.runs_dir / run_id
+    driver_log = tmp_path / "driver.log"
+    args = job_args(topic, run_id, flights, per_trigger) + ["--watermark", "key", "--bound-ms", "60000"]
+    process = start(args, driver_log, failpoint=failpoint)
+    wait_for(lambda: batches_done(run_dir) >= 1, process, 600, "batch 1")
+    record = request_switch(settings, run_id, strategy, partitions, reason=f"failpoint {failpoint}", wait_timeout_s=600)
+    assert record["state"] == "done", record.get("error")
+    assert process.wait(timeout=600) == 0, f"the run failed; see {driver_log}"
+    return run_dir, record
+
+
 def run_oracle(settings, tmp_path_factory, flights: int = FLIGHTS, per_trigger: int = PER_TRIGGER) -> dict:
     topic = run_id = fresh_topic(settings, "oracle", flights)
     # one stateful partition and one ingest task per slot (S = P): the runs under test take the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from flight_runs import batches_done, fresh_topic, job_args, start, wait_for
+from flight_runs import switch_at_the_markers
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +23,10 @@ PER_TRIGGER = 8_000
 
 def test_a_switch_right_after_the_markers_still_closes_every_window(stack_settings, tmp_path):
     from keyshift.data.flights import flights_path
-    from keyshift.migration.switch import request_switch
     from keyshift.quality.reference import compare_to_reference, reference_windows
 
-    topic = run_id = fresh_topic(stack_settings, "markers", FLIGHTS)
-    run_dir = stack_settings.runs_dir / run_id
-    driver_log = tmp_path / "driver.log"
-    args = job_args(topic, run_id, FLIGHTS, PER_TRIGGER) + ["--watermark", "key", "--bound-ms", "60000"]
-    process = start(args, driver_log, failpoint="switch.after_markers_read@1")
-    wait_for(lambda: batches_done(run_dir) >= 1, process, 600, "batch 1")
-    record = request_switch(stack_settings, run_id, "least_count", None, reason="cut after the markers", wait_timeout_s=600)
-    assert record["state"] == "done", record.get("error")
-    assert process.wait(timeout=600) == 0, f"the run failed; see {driver_log}"
+    run_dir, record = switch_at_the_markers(stack_settings, tmp_path, "markers", FLIGHTS, PER_TRIGGER,
+                                            "switch.after_markers_read@1", "least_count")
 
     text = (run_dir / "driver.log").read_text(errors="replace")  # keyshift's INFO lines (the terminal shows steps only)
     assert "writing end-of-input markers" in text

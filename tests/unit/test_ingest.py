@@ -118,6 +118,16 @@ def test_own_markers_and_end_offsets():
     assert [(m.partition, m.offset, m.event_time_ms) for m in markers] == [(3, 1, 5_000)]
 
 
+def test_own_markers_below_the_marker_floor_are_an_earlier_segments_and_dropped():
+    records = [(None, end_of_input_marker("run-1", 253_402_300_799_000)), (b"ORD", CANONICAL.encode()),
+               (None, end_of_input_marker("run-1", 253_402_300_799_000))]
+    base = dict(run_id="run-1", end_offsets={3: 2}, checkpoint_dir=None, bound_ms=60_000, limits=PlausibilityLimits())
+    for floor, kept in (({3: 1}, [2]), ({3: 3}, []), ({4: 9}, [0, 2]), (None, [0, 2])):  # floor of another partition: none here
+        table, markers = RecordIngest(FLIGHT_DELAYS, IngestContext(**base, marker_floor=floor)).chunk(kafka_batch(records))
+        assert [m.offset for m in markers] == kept, floor
+        assert table.column("kafka_offset").to_pylist() == [1]  # the event is read whatever the floor
+
+
 def test_keep_own_records_without_end_offsets():
     control = np.array([False, True, True, False])
     own = np.array([False, True, False, False])
