@@ -23,6 +23,14 @@ figure that stays comparable when other processes share the machine. `ratio_whol
 `ratio_steady`: keyshift's median over the plain job's median at the first configuration (the
 issue's P = 8 comparison); `ratio_cpu` the same for events per CPU second; `ratio_by_config` for
 every configuration; `p32_over_p8`: keyshift's whole-run rate at P = 32 over P = 8.
+
+`cold_start` measures what every query pays before its first output whatever the batch size:
+both jobs, alternating, `runs` times each, on a small topic of the first `COLD_START_RECORDS`
+flights (placed as the first configuration places them) read in batches of
+`COLD_START_PER_TRIGGER` records. Its `first_batch_seconds` is batch 0 when batch 0 has almost no
+records to process, the floor under the main runs' batch 0; `steady_batch_seconds` the median
+of the later batches. Measured on the 2-core machine (2026-11-27): batch 0 of 10,000 records took
+9.4 to 10.1 s for the plain job and 10.0 to 11.3 s for keyshift's, later batches 1.3 to 2.1 s.
 """
 
 from __future__ import annotations
@@ -52,6 +60,13 @@ TARGETS = {"ratio_whole": 1.0, "ratio_whole_floor": 0.9, "ratio_steady": 1.0, "f
            "p32_over_p8": 0.8, "driver_peak_rss_bytes": 2.2e9}
 """The issue's goals: keyshift / plain whole-run and steady ratios, keyshift's first batch (s),
 P = 32 throughput over P = 8, keyshift's driver peak memory (bytes)."""
+
+
+COLD_START_RECORDS = 30_000
+"""Flights on the cold-start topic (module docstring): three batches of `COLD_START_PER_TRIGGER`."""
+
+COLD_START_PER_TRIGGER = 10_000
+"""Records per micro-batch in the cold-start runs (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -180,14 +195,40 @@ def _row(job: str, config: Config, run: int, result: Mapping[str, Any]) -> dict[
     return row
 
 
+def cold_start_row(job: str, run: int, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A cold-start run's row: `job`, `run`, `events`, `first_batch_seconds` (batch 0, s) and
+    `steady_batch_seconds` (median of the later batches that read records, s; None with fewer
+    than two such batches), plus keyshift's `reconciled` and `windows_equal_reference`."""
+    durations = [b["batch_duration_ms"] / 1000 for b in result["progress"] if b.get("input_rows") and b.get("batch_duration_ms") is not None]
+    row = {"job": job, "run": run, "events": result["events"], "first_batch_seconds": result["first_batch_seconds"],
+           "steady_batch_seconds": round(statistics.median(durations[1:]), 3) if len(durations) > 1 else None}
+    for key in ("reconciled", "windows_equal_reference"):
+        if key in result:
+            row[key] = result[key]
+    return row
+
+
+def summarize_cold_start(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per job (`plain`, `keyshift`): the median `first_batch_seconds` and `steady_batch_seconds`
+    of the cold-start rows (None for a job without rows)."""
+    summary = {}
+    for job in ("plain", "keyshift"):
+        for field in ("first_batch_seconds", "steady_batch_seconds"):
+            values = [r[field] for r in rows if r["job"] == job and r.get(field) is not None]
+            summary[f"{job}_{field}"] = round(statistics.median(values), 3) if values else None
+    return summary
+
+
 def _median(rows: Sequence[Mapping[str, Any]], job: str, config: Config, field: str) -> float | None:
     values = [r[field] for r in rows if r["job"] == job and r["partitions"] == config.partitions and r.get(field) is not None
               and (job == "plain" or r["strategy"] == config.strategy)]
     return statistics.median(values) if values else None
 
 
-def summarize(rows: Sequence[Mapping[str, Any]], configs: Sequence[Config]) -> dict[str, Any]:
-    """Ratios and goals from the rows (module docstring)."""
+def summarize(rows: Sequence[Mapping[str, Any]], configs: Sequence[Config],
+              cold_rows: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Ratios and goals from the rows (module docstring); keyshift's `cold_rows` count in the
+    windows-and-accounting goal like its main runs."""
     by_config = []
     for config in configs:
         entry = {"partitions": config.partitions, "strategy": config.strategy}
@@ -200,14 +241,15 @@ def summarize(rows: Sequence[Mapping[str, Any]], configs: Sequence[Config]) -> d
         by_config.append(entry)
     first = by_config[0]
     keyshift_rows = [r for r in rows if r["job"] == "keyshift"]
+    checked = keyshift_rows + [r for r in cold_rows if r["job"] == "keyshift"]
     report = {
         "ratio_whole": first["ratio_whole"],
         "ratio_steady": first["ratio_steady"],
         "ratio_cpu": first["ratio_cpu"],
         "ratio_by_config": by_config,
         "p32_over_p8": None,
-        "all_windows_equal_reference": all(r.get("windows_equal_reference") for r in keyshift_rows),
-        "all_reconciled": all(r.get("reconciled") for r in keyshift_rows),
+        "all_windows_equal_reference": all(r.get("windows_equal_reference") for r in checked),
+        "all_reconciled": all(r.get("reconciled") for r in checked),
     }
     p8 = next((e for e in by_config if e["partitions"] == 8), None)
     p32 = next((e for e in by_config if e["partitions"] == 32), None)
@@ -246,7 +288,8 @@ def plot_throughput(report: Mapping[str, Any], path: Path) -> Path:
 
     rows = report["rows"]
     labels = sorted({(r["partitions"], r["strategy"] if r["job"] == "keyshift" else None) for r in rows if r["job"] == "keyshift"})
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    cold = report.get("cold_start") or {}
+    fig, axes = plt.subplots(1, 3 if cold.get("rows") else 2, figsize=(17 if cold.get("rows") else 12, 4.5))
     width = 0.35
     for i, field in enumerate(("events_per_second", "steady_events_per_second")):
         ax = axes[i]
@@ -261,6 +304,26 @@ def plot_throughput(report: Mapping[str, Any], path: Path) -> Path:
         ax.set_xticks(range(len(labels)), [f"P={p} {s}" for p, s in labels])
         ax.set_ylabel("events / s")
         ax.set_title("whole process (JVM start included)" if i == 0 else "steady state (after batch 0)")
+        ax.legend()
+    if cold.get("rows"):
+        ax = axes[2]
+        first = [(f"P={config['partitions']} {config['strategy']}\n{report['settings']['per_trigger']:,}/batch", job,
+                  [r["first_batch_seconds"] for r in rows if r["job"] == job and r["first_batch_seconds"] is not None
+                   and r["partitions"] == config["partitions"] and (job == "plain" or r["strategy"] == config["strategy"])])
+                 for config in report["ratio_by_config"][:1] for job in ("plain", "keyshift")]
+        first += [(f"cold start\n{cold['per_trigger']:,}/batch", job, [r["first_batch_seconds"] for r in cold["rows"] if r["job"] == job])
+                  for job in ("plain", "keyshift")]
+        groups = list(dict.fromkeys(label for label, _, _ in first))
+        for label, job, values in first:
+            if values:
+                x = groups.index(label) + (("plain", "keyshift").index(job) - 0.5) * width
+                ax.bar(x, statistics.median(values), width, color=("#999999", "#1f77b4")[("plain", "keyshift").index(job)],
+                       label=job if label == groups[0] else None)
+                ax.scatter([x] * len(values), values, color="black", s=8, zorder=3)
+        ax.axhline(TARGETS["first_batch_seconds"], color="red", linestyle="--", linewidth=1, label="goal")
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_ylabel("seconds")
+        ax.set_title("batch 0")
         ax.legend()
     fig.suptitle(f"keyshift vs plain Spark job: ratio whole {report['ratio_whole']}, steady {report['ratio_steady']}")
     fig.tight_layout()
@@ -278,6 +341,8 @@ def run_throughput_bench(
     per_trigger: int = 250_000,
     timeout_s: float = 1800.0,
     progress: bool = True,
+    cold_start_records: int = COLD_START_RECORDS,
+    cold_start_per_trigger: int = COLD_START_PER_TRIGGER,
 ) -> dict[str, Any]:
     """Replay, run both jobs alternately, check, summarize, plot; write `out` (JSON) and the PNG.
 
@@ -289,10 +354,14 @@ def run_throughput_bench(
         flights: flights to replay (None: all 3,000,000).
         per_trigger: records per micro-batch at most (both jobs).
         timeout_s: a child run taking longer fails the bench (JobError).
+        cold_start_records: flights on the cold-start topic (module docstring); 0: no cold-start runs.
+        cold_start_per_trigger: records per micro-batch in the cold-start runs.
 
     Returns:
         The report: {"rows": [...], "ratio_whole", "ratio_steady", "ratio_by_config",
-        "p32_over_p8", "goals", "settings"}.
+        "p32_over_p8", "goals", "cold_start", "settings"}; `cold_start` is {"records",
+        "per_trigger", "partitions", "strategy", "rows", and `summarize_cold_start`'s medians},
+        or None without cold-start runs.
 
     Raises:
         JobError: a run failed; StackError: Kafka or Redis is down.
@@ -312,7 +381,8 @@ def run_throughput_bench(
     work.mkdir(parents=True, exist_ok=True)
     reference = None
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(configs) * runs * 2, desc="bench throughput", unit="run", disable=not progress)
+    bar = tqdm(total=len(configs) * runs * 2 + (runs * 2 if cold_start_records else 0), desc="bench throughput", unit="run",
+               disable=not progress)
     for config in configs:
         topic = f"bench-throughput-{config.partitions}-{config.strategy}".replace("_", "-")
         create_topics(settings, [topic], config.partitions, recreate=True)
@@ -336,8 +406,11 @@ def run_throughput_bench(
             bar.update()
             log.info("throughput P=%d %s run %d: plain %.0f ev/s, keyshift %.0f ev/s (whole process)", config.partitions,
                      config.strategy, run, rows[-2]["events_per_second"], rows[-1]["events_per_second"])
+    cold_start = None
+    if cold_start_records:
+        cold_start = _cold_start_runs(settings, configs[0], work, runs, cold_start_records, cold_start_per_trigger, timeout_s, bar)
     bar.close()
-    report = {"rows": rows, **summarize(rows, configs),
+    report = {"rows": rows, **summarize(rows, configs, cold_start["rows"] if cold_start else ()), "cold_start": cold_start,
               "settings": {"flights": flights or 3_000_000, "per_trigger": per_trigger, "runs": runs,
                            "configs": [f"{c.partitions}:{c.strategy}" for c in configs], "keyshift_watermark": "key",
                            "keyshift_bound_ms": 60_000, "keyshift_idle_lag_ms": BACKFILL_IDLE_LAG_MS,
@@ -347,3 +420,36 @@ def run_throughput_bench(
     out.write_text(json.dumps(report, indent=2))
     plot_throughput(report, out.with_suffix(".png"))
     return report
+
+
+def _cold_start_runs(settings: Settings, config: Config, work: Path, runs: int, records: int, per_trigger: int, timeout_s: float,
+                     bar) -> dict[str, Any]:
+    """The cold-start runs (module docstring) on a fresh topic of the first `records` flights
+    placed by `config`: plain and keyshift alternating, `runs` each; keyshift's checked against
+    pandas and for its accounting like the main runs."""
+    from keyshift.data.flights import flights_path
+    from keyshift.data.replay import replay_flights
+    from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
+    from keyshift.quality.reference import compare_to_reference, reference_windows
+    from keyshift.topics import create_topics
+
+    topic = f"bench-throughput-cold-{config.partitions}-{config.strategy}".replace("_", "-")
+    create_topics(settings, [topic], config.partitions, recreate=True)
+    if config.strategy in LEARNED_STRATEGIES:
+        learn_and_publish(settings, topic, config.strategy, config.partitions, records)
+    replay = replay_flights(settings, topic, limit=records, strategy=config.strategy, partitions=config.partitions, progress=False)
+    reference = reference_windows(flights_path(settings), limit=replay.events_produced)
+    rows: list[dict[str, Any]] = []
+    for run in range(runs):
+        bar.set_postfix_str(f"cold start run {run + 1}: plain")
+        rows.append(cold_start_row("plain", run, run_plain(settings, topic, config, work / f"cold-plain-{run}", per_trigger, timeout_s)))
+        bar.update()
+        bar.set_postfix_str(f"cold start run {run + 1}: keyshift")
+        ours = run_keyshift(settings, topic, config, f"{work.name}-cold-ks-{run}", replay.events_produced, per_trigger, timeout_s)
+        ours["windows_equal_reference"] = compare_to_reference(Path(ours["run_dir"]) / "windows", reference)["equal"]
+        rows.append(cold_start_row("keyshift", run, ours))
+        bar.update()
+        log.info("cold start run %d: batch 0 of %d records: plain %.1f s, keyshift %.1f s", run, per_trigger,
+                 rows[-2]["first_batch_seconds"], rows[-1]["first_batch_seconds"])
+    return {"records": replay.events_produced, "per_trigger": per_trigger, "partitions": config.partitions,
+            "strategy": config.strategy, "rows": rows, **summarize_cold_start(rows)}

@@ -1,8 +1,9 @@
 """`keyshift bench throughput`, short: the plain job and keyshift's job on 20,000 real flights at P = 4.
 
-One run of each, each a process of its own on the same topic. The report must have the issue's
-shape and a plot; both jobs must read every flight; keyshift's run must reconcile and equal pandas'
-windows; the goals are evaluated (met or not, never missing) from the measured rows.
+One run of each, each a process of its own on the same topic, then one cold-start run of each on
+4,000 flights in 2,000-record batches. The report must have the issue's shape and a plot; both
+jobs must read every flight; keyshift's runs must reconcile and equal pandas' windows; the goals
+are evaluated (met or not, never missing) from the measured rows.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def test_plain_and_keyshift_jobs_on_the_same_topic_report_the_issue_shape(stack_
 
     out = tmp_path / "throughput.json"
     report = run_throughput_bench(stack_settings, out, (Config(4, "hash"),), runs=1, flights=FLIGHTS, per_trigger=5_000,
-                                  timeout_s=900, progress=False)
+                                  timeout_s=900, progress=False, cold_start_records=4_000, cold_start_per_trigger=2_000)
 
     assert json.loads(out.read_text())["ratio_whole"] == report["ratio_whole"]
     assert (tmp_path / "throughput.png").stat().st_size > 0
@@ -41,6 +42,14 @@ def test_plain_and_keyshift_jobs_on_the_same_topic_report_the_issue_shape(stack_
     assert report["ratio_whole"] == pytest.approx(rows["keyshift"]["events_per_second"] / rows["plain"]["events_per_second"], abs=1e-3)
     assert {g["goal"]: g["met"] for g in report["goals"]}["P=32 throughput >= 0.8 x P=8"] is None  # no P=32 run here
     assert all(g["met"] in (True, False) for g in report["goals"] if "P=32" not in g["goal"])
+
+    cold = report["cold_start"]
+    assert (cold["records"], cold["per_trigger"], cold["partitions"], cold["strategy"]) == (4_000, 2_000, 4, "hash")
+    by_job = {r["job"]: r for r in cold["rows"]}
+    assert set(by_job) == {"plain", "keyshift"} and by_job["keyshift"]["events"] == 4_000 and by_job["plain"]["events"] >= 4_000
+    assert all(r["first_batch_seconds"] > 0 and r["steady_batch_seconds"] > 0 for r in by_job.values())
+    assert by_job["keyshift"]["reconciled"] is True and by_job["keyshift"]["windows_equal_reference"] is True
+    assert cold["keyshift_first_batch_seconds"] == by_job["keyshift"]["first_batch_seconds"]
 
 
 def test_a_bad_configuration_is_refused_before_anything_runs(tmp_path):

@@ -41,3 +41,24 @@ def test_ratios_are_medians_over_medians_and_goals_follow_the_figures():
     assert summarize(rows, (Config(8, "hash"),))["ratio_cpu"] == pytest.approx(45 / 50, abs=1e-3)
     rows[3]["reconciled"] = False
     assert summarize(rows, (Config(8, "hash"),))["all_reconciled"] is False
+
+
+def test_cold_start_rows_give_batch_0_and_the_median_of_later_batches():
+    from keyshift.bench.throughput import cold_start_row, summarize_cold_start
+
+    progress = [{"batch_id": 0, "input_rows": 10_000, "batch_duration_ms": 10_400}, {"batch_id": 1, "input_rows": 10_000, "batch_duration_ms": 2_000},
+                {"batch_id": 2, "input_rows": 0, "batch_duration_ms": 50}, {"batch_id": 3, "input_rows": 10_000, "batch_duration_ms": 1_600},
+                {"batch_id": 4, "input_rows": 9, "batch_duration_ms": 1_200}]
+    ours = cold_start_row("keyshift", 1, {"events": 30_009, "first_batch_seconds": 10.4, "progress": progress, "reconciled": True,
+                                          "windows_equal_reference": False, "run_dir": "x"})
+    assert ours == {"job": "keyshift", "run": 1, "events": 30_009, "first_batch_seconds": 10.4, "steady_batch_seconds": 1.6,
+                    "reconciled": True, "windows_equal_reference": False}
+    plain = cold_start_row("plain", 0, {"events": 10_000, "first_batch_seconds": 9.5, "progress": progress[:1]})
+    assert plain["steady_batch_seconds"] is None and "reconciled" not in plain
+    summary = summarize_cold_start([ours, plain, {**plain, "run": 1, "first_batch_seconds": 9.9}])
+    assert summary == {"plain_first_batch_seconds": 9.7, "plain_steady_batch_seconds": None,
+                       "keyshift_first_batch_seconds": 10.4, "keyshift_steady_batch_seconds": 1.6}
+    # a cold-start keyshift run whose windows differ from pandas fails the bench's correctness goal
+    rows = [_row("plain", 8, "hash", 100, 200), _row("keyshift", 8, "hash", 100, 200)]
+    assert summarize(rows, (Config(8, "hash"),))["all_windows_equal_reference"] is True
+    assert summarize(rows, (Config(8, "hash"),), [ours, plain])["all_windows_equal_reference"] is False
