@@ -61,7 +61,8 @@ SUITE: tuple[BenchPlan, ...] = (
     BenchPlan("keywindows", ("--flights", "1000000", "--no-progress"),
               "first 1,000,000 flights, 1 h windows every 1 min, bounds 0, 10 min, 1 h, 1 day", 180),
     BenchPlan("throughput", ("--flights", "300000", "--runs", "1", "--max-offsets-per-trigger", "50000", "--no-progress"),
-              "300,000 flights in 50,000-record batches, one run of each job at P=8 hash and P=32 hot_split", 300),
+              "300,000 flights in 50,000-record batches, one run of each job at P=8 hash and P=32 hot_split, "
+              "then one cold-start run of each (30,000 flights in 10,000-record batches)", 360),
     BenchPlan("switch", ("--flights", "60000", "--no-progress"),
               "60,000 flights fed at 3,000 events/s, the default five switches", 420),
     BenchPlan("watermark", ("--flights", "30000", "--disorder", "0", "--disorder", "0.5", "--no-progress"),
