@@ -371,10 +371,7 @@ def run_throughput_bench(
 
     from keyshift import stack
     from keyshift.data.flights import flights_path
-    from keyshift.data.replay import replay_flights
-    from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
     from keyshift.quality.reference import compare_to_reference, reference_windows
-    from keyshift.topics import create_topics
 
     stack.require(settings, "kafka", "redis")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -386,11 +383,7 @@ def run_throughput_bench(
                disable=not progress)
     for config in configs:
         topic = f"bench-throughput-{config.partitions}-{config.strategy}".replace("_", "-")
-        create_topics(settings, [topic], config.partitions, recreate=True)
-        if config.strategy in LEARNED_STRATEGIES:
-            learn_and_publish(settings, topic, config.strategy, config.partitions, flights)
-        replay = replay_flights(settings, topic, limit=flights, strategy=config.strategy, partitions=config.partitions,
-                                progress=False)
+        replay = _replayed_topic(settings, topic, config, flights)
         if reference is None:
             reference = reference_windows(flights_path(settings), limit=replay.events_produced)
             _write_class_archive(settings, topic, config, work, replay.events_produced, per_trigger, timeout_s)
@@ -423,22 +416,30 @@ def run_throughput_bench(
     return report
 
 
+def _replayed_topic(settings: Settings, topic: str, config: Config, flights: int | None):
+    """(Re)create `topic` with `config.partitions` partitions, publish a learned strategy's
+    assignment, and replay the first `flights` flights (None: all) placed by `config.strategy`;
+    returns the replay's report (`events_produced`, ...)."""
+    from keyshift.data.replay import replay_flights
+    from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
+    from keyshift.topics import create_topics
+
+    create_topics(settings, [topic], config.partitions, recreate=True)
+    if config.strategy in LEARNED_STRATEGIES:
+        learn_and_publish(settings, topic, config.strategy, config.partitions, flights)
+    return replay_flights(settings, topic, limit=flights, strategy=config.strategy, partitions=config.partitions, progress=False)
+
+
 def _cold_start_runs(settings: Settings, config: Config, work: Path, runs: int, records: int, per_trigger: int, timeout_s: float,
                      bar) -> dict[str, Any]:
     """The cold-start runs (module docstring) on a fresh topic of the first `records` flights
     placed by `config`: plain and keyshift alternating, `runs` each; keyshift's checked against
     pandas and for its accounting like the main runs."""
     from keyshift.data.flights import flights_path
-    from keyshift.data.replay import replay_flights
-    from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
     from keyshift.quality.reference import compare_to_reference, reference_windows
-    from keyshift.topics import create_topics
 
     topic = f"bench-throughput-cold-{config.partitions}-{config.strategy}".replace("_", "-")
-    create_topics(settings, [topic], config.partitions, recreate=True)
-    if config.strategy in LEARNED_STRATEGIES:
-        learn_and_publish(settings, topic, config.strategy, config.partitions, records)
-    replay = replay_flights(settings, topic, limit=records, strategy=config.strategy, partitions=config.partitions, progress=False)
+    replay = _replayed_topic(settings, topic, config, records)
     reference = reference_windows(flights_path(settings), limit=replay.events_produced)
     rows: list[dict[str, Any]] = []
     for run in range(runs):
