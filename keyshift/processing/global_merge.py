@@ -324,11 +324,13 @@ def next_watermark(watermark_ms: int, loads: pd.DataFrame, delay_ms: int) -> int
 def window_rows(spec: JobSpec, closed: pd.DataFrame, window_ms: int, tokens: tuple[int, ...], watermark_ms: int) -> pd.DataFrame:
     """`closed` windows (`GlobalMergeState.closed`) as the processor's `window` rows."""
     rows = KeyedWindowProcessor(spec, tokens, window_ms)
+    columns = output_schema(spec).fieldNames()
     if closed.empty:
-        return rows._frame("window", 0, {})
+        return rows_frame([rows._rows("window", 0, {})], columns)
     aggregates = np.array([closed[a.name].to_numpy(np.int64) for a in spec.aggregates]).reshape(len(spec.aggregates), len(closed))
-    frame = rows._windows(-1, None, closed[spec.key].tolist(), closed["window_start_ms"].to_numpy(np.int64),
-                          closed["count"].to_numpy(np.int64), aggregates, [watermark_ms] * len(closed), watermark_ms)
+    frame = rows_frame([rows._windows(-1, None, closed[spec.key].tolist(), closed["window_start_ms"].to_numpy(np.int64),
+                                      closed["count"].to_numpy(np.int64), aggregates, [watermark_ms] * len(closed), watermark_ms)],
+                       columns)
     frame["slot"] = closed["slot"].to_numpy()
     return frame
 
