@@ -29,9 +29,9 @@ both jobs, alternating, `runs` times each, on a small topic of the first `COLD_S
 flights (placed as the first configuration places them) read in batches of
 `COLD_START_PER_TRIGGER` records. Its `first_batch_seconds` is batch 0 when batch 0 has almost no
 records to process, the floor under the main runs' batch 0; `steady_batch_seconds` the median
-of the later batches. Measured on the 2-core machine (2026-11-27, three runs each): batch 0 of
-10,000 records took 9.97 to 10.92 s for the plain job and 10.41 to 11.60 s for keyshift's; later
-batches 2.49 to 3.19 s and 1.68 to 2.13 s (medians per run).
+of the later batches. Measured on two 2-core machines of this kind (2026-11-27, three runs
+each): batch 0 of 10,000 records took 9.97 to 10.92 s for the plain job and 10.41 to 11.60 s for
+keyshift's on one, 6.31 to 6.54 s and 6.62 to 6.89 s on the other; later batches 1.1 to 3.2 s.
 """
 
 from __future__ import annotations
