@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 
 from keyshift.errors import StackError
 from keyshift.names import REDIS_PREFIX
+from keyshift.processing.output_rows import OutputRows, rows_frame
 from keyshift.processing.processor import KIND_LOAD, KeyedWindowProcessor, output_schema
 from keyshift.processing.spec import JobSpec
 
@@ -304,9 +305,8 @@ def merge_function(spec: JobSpec, redis_url: str, run_id: str, batch_id: int, wa
             slots = np.array([slot_of_token.get(int(t), -1) for t in open_partials["token"]], np.int64)
             state.merge(batch_id, token, open_partials, slots)
         load = rows._load(slot, -1, processed, watermark_ms)
-        load["event_time_ms"] = [largest]
-        out.append(load)
-        frame_out = pd.concat(out, ignore_index=True)
+        out.append(load._replace(columns={**load.columns, "event_time_ms": [largest]}))
+        frame_out = rows_frame(out, out_schema.names)
         yield from pa.Table.from_pandas(frame_out, schema=out_schema, preserve_index=False).to_batches()
 
     return merge
@@ -326,7 +326,7 @@ def window_rows(spec: JobSpec, closed: pd.DataFrame, window_ms: int, tokens: tup
     rows = KeyedWindowProcessor(spec, tokens, window_ms)
     columns = output_schema(spec).fieldNames()
     if closed.empty:
-        return rows_frame([rows._rows("window", 0, {})], columns)
+        return rows_frame([OutputRows("window", 0, {})], columns)
     aggregates = np.array([closed[a.name].to_numpy(np.int64) for a in spec.aggregates]).reshape(len(spec.aggregates), len(closed))
     frame = rows_frame([rows._windows(-1, None, closed[spec.key].tolist(), closed["window_start_ms"].to_numpy(np.int64),
                                       closed["count"].to_numpy(np.int64), aggregates, [watermark_ms] * len(closed), watermark_ms)],

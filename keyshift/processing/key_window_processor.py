@@ -99,6 +99,7 @@ from keyshift.errors import ConfigurationError, DataError
 from keyshift.eventtime.key_windows import STATE_BYTES_PER_EVENT, STATE_HEADER_BYTES, KeyWindowState, SlidingWindow, advance_keys
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, is_group_clock, watermark_key
 from keyshift.migration.state import MapStateVariable, restore_initial_state
+from keyshift.processing.output_rows import OutputRows, one_frame
 
 KIND_KEY_WINDOW = "key_window"
 KIND_LATE = "late"
@@ -307,8 +308,12 @@ class KeyWindowProcessor(StatefulProcessor):
         Per touched key: its state and clock are read once; lateness is judged against its
         watermark before the batch; the clock advances with all the key's events (late ones
         too, in source order); `advance_keys` adds the on-time events and emits the updates the
-        key's new watermark makes final; state and clock are written once (or removed).
+        key's new watermark makes final; state and clock are written once (or removed). All of
+        it as one frame of `output_schema` rows.
         """
+        yield from one_frame(self._input_rows(key, rows, timerValues), self._output_columns)
+
+    def _input_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[OutputRows]:
         c = self._columns
         token = int(key[0])
         slot = self._slot_of_token.get(token, -1)
@@ -326,7 +331,7 @@ class KeyWindowProcessor(StatefulProcessor):
                 chunks.append(chunk)
         events = (chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)) if chunks else None
         n = 0 if events is None else len(events)
-        yield self._frame(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [n], "global_watermark_ms": [fallback]})
+        yield OutputRows(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [n], "global_watermark_ms": [fallback]})
         if not n:
             return
 
@@ -369,7 +374,10 @@ class KeyWindowProcessor(StatefulProcessor):
         """Spark's watermark W passed the slot's wake-up: advance every key of the slot to its
         watermark (W in global mode, max(own, W) per clock), emit what became final, free the
         state and clocks W made redundant, schedule the next wake-up. Several timers of one slot
-        due at one W make one pass."""
+        due at one W make one pass. As one frame, like `handleInputRows`."""
+        yield from one_frame(self._expired_timer_rows(key, timerValues), self._output_columns)
+
+    def _expired_timer_rows(self, key: Any, timerValues: TimerValues) -> Iterator[OutputRows]:
         token = int(key[0])
         fallback = max(int(timerValues.getCurrentWatermarkInMs()), self._floor_ms)
         if self._passed_at == (token, fallback):
@@ -483,16 +491,11 @@ class KeyWindowProcessor(StatefulProcessor):
             return
         self._handle.registerTimer(int(expiry))
 
-    def _frame(self, kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
-        data = {name: columns.get(name, [None] * n) for name in self._output_columns}
-        data["kind"] = [kind] * n
-        return pd.DataFrame(data, columns=self._output_columns)
-
-    def _update_rows(self, updates: pd.DataFrame, final: dict, slot: int, partition_id: int, fallback: int) -> pd.DataFrame:
+    def _update_rows(self, updates: pd.DataFrame, final: dict, slot: int, partition_id: int, fallback: int) -> OutputRows:
         n = len(updates)
         keys = updates["key"].to_numpy(object)
         maxes = updates["max"]
-        return self._frame(KIND_KEY_WINDOW, n, {
+        return OutputRows(KIND_KEY_WINDOW, n, {
             "slot": [slot] * n, "partition_id": [partition_id] * n, self._columns.key: keys,
             "start_ms": updates["start_ms"].to_numpy(np.int64), "count": updates["count"].to_numpy(np.int64),
             "sum": updates["sum"].to_numpy(np.int64),
@@ -500,23 +503,23 @@ class KeyWindowProcessor(StatefulProcessor):
             "watermark_ms": np.array([final[k] for k in keys], dtype=np.int64), "global_watermark_ms": [fallback] * n,
         })
 
-    def _retired(self, events: int, slot: int, partition_id: int, fallback: int) -> pd.DataFrame:
+    def _retired(self, events: int, slot: int, partition_id: int, fallback: int) -> OutputRows:
         """One `retired` row: `events` left the slot's state for good in this call."""
-        return self._frame(KIND_RETIRED, 1, {"slot": [slot], "partition_id": [partition_id], "count": [int(events)],
+        return OutputRows(KIND_RETIRED, 1, {"slot": [slot], "partition_id": [partition_id], "count": [int(events)],
                                              "global_watermark_ms": [fallback]})
 
-    def _dead_letter_rows(self, dead: pd.DataFrame, slot: int, partition_id: int, fallback: int) -> pd.DataFrame:
+    def _dead_letter_rows(self, dead: pd.DataFrame, slot: int, partition_id: int, fallback: int) -> OutputRows:
         """`dead_letter` rows: the rejected input rows with their reason, raw payload and coordinates."""
         c, n = self._columns, len(dead)
-        return self._frame(KIND_DEAD_LETTER, n, {
+        return OutputRows(KIND_DEAD_LETTER, n, {
             "slot": [slot] * n, "partition_id": [partition_id] * n,
             **{name: dead[name].tolist() for name in DEAD_LETTER_COLUMNS},
             c.partition: dead[c.partition].tolist(), c.offset: dead[c.offset].tolist(), "global_watermark_ms": [fallback] * n,
         })
 
-    def _late_rows(self, late: pd.DataFrame, slot: int, partition_id: int, watermarks: np.ndarray, fallback: int) -> pd.DataFrame:
+    def _late_rows(self, late: pd.DataFrame, slot: int, partition_id: int, watermarks: np.ndarray, fallback: int) -> OutputRows:
         c, n = self._columns, len(late)
-        return self._frame(KIND_LATE, n, {
+        return OutputRows(KIND_LATE, n, {
             "slot": [slot] * n, "partition_id": [partition_id] * n, c.key: late[c.key].to_numpy(object),
             c.event_time_ms: late[c.event_time_ms].to_numpy(np.int64), c.value: late[c.value].to_numpy(np.int64),
             c.event_id: late[c.event_id].to_numpy(), c.partition: late[c.partition].to_numpy(),

@@ -7,8 +7,8 @@ frame's length (pandas' per-column overhead: `iloc`, a new Series, `isnull`). A 
 used to yield three to five frames per batch (load, late events, watermarks, closed windows,
 dead letters), so the cost grew with the number of slots: at P = 32 the conversions took about
 7 s of Python-worker time per 3,000,000 flights against 2 s at P = 8 (py-spy, issue 11).
-The processor now builds `OutputRows` (plain numpy columns) and yields them as one frame per
-handler call (`rows_frame`).
+The processors (`keyshift.processing.processor`, `keyshift.processing.key_window_processor`) now
+build `OutputRows` (plain columns) and yield them as one frame per handler call (`one_frame`).
 
 Columns one kind leaves NULL stay typed in the combined frame: an integer, float or boolean
 column some pieces lack becomes a pandas masked array (`Int64`, `Float64`, `boolean`), which
@@ -17,7 +17,7 @@ Arrow takes without looking at each value; text columns are object arrays with N
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -69,6 +69,14 @@ def rows_frame(pieces: Sequence[OutputRows], column_names: Sequence[str]) -> pd.
     data["kind"] = np.concatenate([np.full(piece.n, piece.kind, dtype=object) for piece in pieces]) if pieces else \
         np.empty(0, dtype=object)
     return pd.DataFrame(data, copy=False)
+
+
+def one_frame(pieces: Iterable[OutputRows], column_names: Sequence[str]) -> Iterator[pd.DataFrame]:
+    """A stateful handler's output: all `pieces` (drained now) as one `rows_frame`, or nothing
+    when there are none. Raises what `rows_frame` raises."""
+    gathered = list(pieces)
+    if gathered:
+        yield rows_frame(gathered, column_names)
 
 
 def _array(piece: OutputRows, name: str) -> np.ndarray | None:

@@ -76,7 +76,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, merge_clocks, watermark_key
 from keyshift.migration.state import MapStateVariable, restore_initial_state
 from keyshift.processing.local_merge import list_column
-from keyshift.processing.output_rows import OutputRows, rows_frame
+from keyshift.processing.output_rows import OutputRows, one_frame
 from keyshift.processing.spec import SPARK_TYPES, JobSpec
 
 KIND_WINDOW = "window"
@@ -323,26 +323,14 @@ class KeyedWindowProcessor(StatefulProcessor):
             initialState, {PENDING_STATE_NAME: self._pending, CLOCK_STATE_NAME: self._clocks}, self._handle.registerTimer, self._variables
         )
 
-    # --- rows out -------------------------------------------------------------------------
-
-    def _rows(self, kind: str, n: int, columns: dict[str, Any]) -> OutputRows:
-        """`n` output rows of `kind`; columns not given are NULL. A handler call yields all of its
-        rows as one frame (`_one_frame`): each yielded frame costs about 2 ms in Spark's
-        pandas-to-Arrow conversion, whatever its length (`keyshift.processing.output_rows`)."""
-        return OutputRows(kind, n, columns)
-
-    def _one_frame(self, pieces: Iterator[OutputRows]) -> Iterator[pd.DataFrame]:
-        """The rows of one handler call as a single frame (none when there are none)."""
-        gathered = list(pieces)
-        if gathered:
-            yield rows_frame(gathered, self._output_columns)
+    # --- rows out (`OutputRows`; a handler call yields them all as one frame, `one_frame`) ----
 
     def _windows(self, slot, partition_id, keys, starts, counts, aggregates, watermarks, global_watermark_ms) -> OutputRows:
         """`window` rows: one per element of `keys`, `starts`, `counts`, `watermarks`, with
         `aggregates` an a x n array, plus the spec's outputs."""
         n = len(keys)
         values = self._spec.window_values(counts, dict(zip(self._spec.aggregate_names, aggregates)))
-        return self._rows(
+        return OutputRows(
             KIND_WINDOW,
             n,
             {
@@ -370,11 +358,11 @@ class KeyedWindowProcessor(StatefulProcessor):
     def _watermark_rows(self, slot: int, partition_id: int, keys: list, watermarks: list, fallback_ms: int) -> OutputRows:
         """`watermark` rows: each key's watermark on this slot (ms of event time)."""
         n = len(keys)
-        return self._rows(KIND_WATERMARK, n, {"slot": [slot] * n, "partition_id": [partition_id] * n, self._key: keys,
+        return OutputRows(KIND_WATERMARK, n, {"slot": [slot] * n, "partition_id": [partition_id] * n, self._key: keys,
                                                "watermark_ms": watermarks, "global_watermark_ms": [fallback_ms] * n})
 
     def _load(self, slot: int, partition_id: int, processed: int, watermark_ms: int) -> OutputRows:
-        return self._rows(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [processed],
+        return OutputRows(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [processed],
                                           "watermark_ms": [watermark_ms], "global_watermark_ms": [watermark_ms]})
 
     # --- input ------------------------------------------------------------------------------
@@ -391,7 +379,7 @@ class KeyedWindowProcessor(StatefulProcessor):
         one write per key touched, never per event. All of it as one frame of
         `output_schema(spec)` rows.
         """
-        yield from self._one_frame(self._input_rows(key, rows, timerValues))
+        yield from one_frame(self._input_rows(key, rows, timerValues), self._output_columns)
 
     def _input_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[OutputRows]:
         token = int(key[0])
@@ -813,7 +801,7 @@ class KeyedWindowProcessor(StatefulProcessor):
         order = self._flat_order(partials)
         counts = partials["count"].to_numpy(np.int64)[order]
         n = len(indices)
-        return self._rows(
+        return OutputRows(
             KIND_DEAD_LETTER,
             n,
             {
@@ -829,7 +817,7 @@ class KeyedWindowProcessor(StatefulProcessor):
         )
 
     def _dead_letters(self, dead: pd.DataFrame, slot: int) -> OutputRows:
-        return self._rows(
+        return OutputRows(
             KIND_DEAD_LETTER,
             len(dead),
             {
@@ -852,7 +840,7 @@ class KeyedWindowProcessor(StatefulProcessor):
         starts = np.repeat(late["window_start_ms"].to_numpy(np.int64), repeats)
         n = len(starts)
         identity = np.arange(len(late))
-        return self._rows(
+        return OutputRows(
             KIND_LATE,
             n,
             {
@@ -874,7 +862,7 @@ class KeyedWindowProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         """Emit every pending window of this slot whose end the watermark has reached and set
         the slot's next timer (module docstring); as one frame, like `handleInputRows`."""
-        yield from self._one_frame(self._expired_timer_rows(key, timerValues))
+        yield from one_frame(self._expired_timer_rows(key, timerValues), self._output_columns)
 
     def _expired_timer_rows(self, key: Any, timerValues: TimerValues) -> Iterator[OutputRows]:
         token = int(key[0])

@@ -29,7 +29,7 @@ def _pieces(processor: KeyedWindowProcessor) -> list[OutputRows]:
         processor._watermark_rows(2, 1, keys, [7_200_000, 3_600_000, 0], 3_600_000),
         processor._windows(2, 1, keys, np.array([0, 3_600_000, 7_200_000]), np.array([4, 1, 9]), aggregates,
                            [7_200_000] * 3, 3_600_000),
-        processor._rows("dead_letter", 2, {"slot": [2, 2], "dead_letter_reason": ["not JSON", "no key"],
+        OutputRows("dead_letter", 2, {"slot": [2, 2], "dead_letter_reason": ["not JSON", "no key"],
                                            "raw_value": ["{", "{}"], "kafka_partition": [0, 3], "kafka_offset": [17, 4]}),
     ]
 
