@@ -506,7 +506,7 @@ class KeyWindowProcessor(StatefulProcessor):
     def _retired(self, events: int, slot: int, partition_id: int, fallback: int) -> OutputRows:
         """One `retired` row: `events` left the slot's state for good in this call."""
         return OutputRows(KIND_RETIRED, 1, {"slot": [slot], "partition_id": [partition_id], "count": [int(events)],
-                                             "global_watermark_ms": [fallback]})
+                                            "global_watermark_ms": [fallback]})
 
     def _dead_letter_rows(self, dead: pd.DataFrame, slot: int, partition_id: int, fallback: int) -> OutputRows:
         """`dead_letter` rows: the rejected input rows with their reason, raw payload and coordinates."""

@@ -45,9 +45,10 @@ def rows_frame(pieces: Sequence[OutputRows], column_names: Sequence[str]) -> pd.
 
     Returns:
         A frame of sum(piece.n) rows. A column no piece gives is an object array of None; one
-        every piece gives is their numpy concatenation; one some pieces give is a masked array
-        (integers, floats, booleans: NULL where a piece lacks it) or an object array with None
-        (anything else).
+        every piece gives with one numpy kind is their concatenation; otherwise it is a masked
+        array when the pieces that give it agree on a kind (integers, floats, booleans: NULL
+        where a piece lacks it), else an object array of their values and None, so that no
+        value is converted (an integer stays exact) before Arrow casts it to the schema's type.
 
     Raises:
         ValueError: a piece's column whose length is not the piece's `n`.
@@ -62,9 +63,9 @@ def rows_frame(pieces: Sequence[OutputRows], column_names: Sequence[str]) -> pd.
         present = [values for _n, values in given if values is not None]
         if not present:
             data[name] = np.full(total, None, dtype=object)
-        elif len(present) == len(given):
+        elif len(present) == len(given) and len({values.dtype.kind for values in present}) == 1:
             data[name] = present[0] if len(present) == 1 else np.concatenate(present)
-        else:
+        else:  # NULL in some pieces, or of different kinds (an int64 and a float64 would make float64)
             data[name] = _with_nulls(given, total)
     data["kind"] = np.concatenate([np.full(piece.n, piece.kind, dtype=object) for piece in pieces]) if pieces else \
         np.empty(0, dtype=object)

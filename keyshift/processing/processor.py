@@ -359,11 +359,11 @@ class KeyedWindowProcessor(StatefulProcessor):
         """`watermark` rows: each key's watermark on this slot (ms of event time)."""
         n = len(keys)
         return OutputRows(KIND_WATERMARK, n, {"slot": [slot] * n, "partition_id": [partition_id] * n, self._key: keys,
-                                               "watermark_ms": watermarks, "global_watermark_ms": [fallback_ms] * n})
+                                              "watermark_ms": watermarks, "global_watermark_ms": [fallback_ms] * n})
 
     def _load(self, slot: int, partition_id: int, processed: int, watermark_ms: int) -> OutputRows:
         return OutputRows(KIND_LOAD, 1, {"slot": [slot], "partition_id": [partition_id], "count": [processed],
-                                          "watermark_ms": [watermark_ms], "global_watermark_ms": [watermark_ms]})
+                                         "watermark_ms": [watermark_ms], "global_watermark_ms": [watermark_ms]})
 
     # --- input ------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ def _pieces(processor: KeyedWindowProcessor) -> list[OutputRows]:
         processor._windows(2, 1, keys, np.array([0, 3_600_000, 7_200_000]), np.array([4, 1, 9]), aggregates,
                            [7_200_000] * 3, 3_600_000),
         OutputRows("dead_letter", 2, {"slot": [2, 2], "dead_letter_reason": ["not JSON", "no key"],
-                                           "raw_value": ["{", "{}"], "kafka_partition": [0, 3], "kafka_offset": [17, 4]}),
+                                      "raw_value": ["{", "{}"], "kafka_partition": [0, 3], "kafka_offset": [17, 4]}),
     ]
 
 
@@ -56,6 +56,12 @@ def test_columns_some_pieces_lack_stay_typed():
     assert frame["s"].tolist() == ["p", "q", None]
     assert frame["kind"].tolist() == ["a", "a", "b"]
     assert list(frame.columns) == ["x", "y", "z", "s", "kind"]
+
+
+def test_a_column_of_two_kinds_keeps_every_value_exact():
+    big = 2**53 + 1  # a float64 would round it
+    frame = rows_frame([OutputRows("a", 1, {"x": [big]}), OutputRows("b", 1, {"x": [0.5]})], ["x", "kind"])
+    assert frame["x"].tolist() == [big, 0.5] and type(frame["x"].tolist()[0]) is int
 
 
 def test_no_piece_gives_an_empty_frame_with_every_column():
