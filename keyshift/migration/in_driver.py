@@ -38,27 +38,6 @@ def _commits(checkpoint: Path) -> list[int]:
     return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.exists() else []
 
 
-def stop_at_cut(query, sink, checkpoint: Path, timeout_s: float = 300.0) -> None:
-    """Stop `query` at a batch boundary: refuse every batch that has not reached the sink (the
-    sink's barrier), let the one in the sink finish and be committed, then stop.
-
-    Raises:
-        JobError: the query failed, or the batch in flight was not committed within `timeout_s`.
-    """
-    sink.barrier.set()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if query.exception() is not None and not query.isActive:
-            break  # it stopped on the barrier (or failed: the cut is read from the checkpoint all the same)
-        last = sink.last_query_batch
-        if not sink.in_flight and (last is None or (checkpoint / "commits" / str(last)).exists()):
-            break
-        if time.monotonic() > deadline:
-            raise JobError(f"the batch in flight was not committed within {timeout_s:.0f} s; the switch cannot cut")
-        time.sleep(0.05)
-    query.stop()
-
-
 def read_cut(checkpoint: Path, topic: str) -> tuple[int | None, dict[int, int], int]:
     """(last committed batch C of the stopped query or None, Kafka offsets after C, the watermark
     for the batch after C in ms of event time (`nextBatchWatermarkMs` of `commits/C`, 0 without))."""

@@ -42,7 +42,7 @@ from keyshift.processing.warmup import start_python_workers
 from keyshift.processing.session import build_spark_session, job_spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.sinks import KeyedWindowSink
+from keyshift.processing.sinks import KeyedWindowSink, stop_at_batch_boundary
 from keyshift.processing.key_window_sink import KeyWindowSink, kept_events, native_window_rows
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
@@ -716,7 +716,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                 watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
                                None, None)
         except JobError as exc:
-            sink.barrier.set()  # nothing more of this query reaches the outputs
+            sink.close_barrier()  # nothing more of this query reaches the outputs
             query.stop()
             if switching is None:
                 raise
@@ -728,13 +728,15 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             record = None
             continue
         watch["query_name"] = query_name
-        if watch.get("outcome") != "switch":
+        if watch.get("outcome") == "done":  # its last batch is committed
             query.stop()
             return segments, watch, sink
-        record = watch.pop("switch_record")
         stop_at = time.time()
-        in_driver.stop_at_cut(query, sink, checkpoint)
+        stop_at_batch_boundary(query, sink, checkpoint)
         _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
+        if watch.get("outcome") == "stopped":
+            return segments, watch, sink
+        record = watch.pop("switch_record")
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at,
                                      config.max_stateful_partitions)
         record = control.current()

@@ -14,6 +14,7 @@ lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outs
 | --- | --- | --- |
 | `sink.before_batch` | the sink, before it reads batch b | b-1 committed; b planned (offset log), nothing of b written |
 | `sink.after_outputs` | the sink, after b's windows file, Kafka transaction and ledger | b's outputs all written, b not committed: Spark replays b |
+| `sink.hold_after_outputs` (holds, does not kill) | the sink, after b's outputs (as above) | the sink returns `HOLD_SECONDS` later: a stop asked meanwhile comes while b is written and not committed |
 | `switch.<step>` (n = the run's n-th switch) | the driver, right after step `stopped`, `migrated`, `segment` or `published` of a switch | see `keyshift.migration.switch`: redone before the segment, finished after |
 | `switch.new_query` (raises, does not kill) | the driver, once the new query of switch n started | the new query fails before its first commit: the switch rolls back |
 | `switch.after_markers_read` (holds, does not kill) | the driver, when switch n is requested | the driver acts on it only once a completed batch has read the end-of-input markers: the next segment starts past them |
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,18 @@ def failpoint(name: str, batch_id: int) -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+HOLD_SECONDS = 10.0
+"""How long `hold_here` holds (seconds): long enough for a test to act while it does."""
+
+
+def hold_here(name: str, batch_id: int) -> None:
+    """Sleep `HOLD_SECONDS` if failpoint `name` is armed for `batch_id` (a race held open: the
+    driver goes on meanwhile, e.g. it takes a stop request)."""
+    if FAILPOINT_ENV in os.environ and armed() == (name, batch_id):
+        log.warning("failpoint %s@%d: holding for %.0f s", name, batch_id, HOLD_SECONDS)
+        time.sleep(HOLD_SECONDS)
 
 
 class InjectedFailure(RuntimeError):

@@ -370,17 +370,14 @@ class GlobalMergeSink:
         """Merge, close and route one micro-batch (called by Spark on the driver).
 
         Raises:
-            SwitchBarrier: the sink's barrier was set (see KeyedWindowSink).
+            BatchRefused: the sink's barrier was set (`KeyedWindowSink.admit`).
             StackError: Redis failed (the batch is not committed; Spark retries it on restart).
         """
         from keyshift.eventtime.plausibility import read_batch_reference
         from keyshift.processing.processor import output_schema as schema_of
-        from keyshift.processing.sinks import SwitchBarrier
 
         sink = self.sink
-        if sink.barrier.is_set():
-            raise SwitchBarrier(f"batch {query_batch_id} refused: the run is stopping")
-        sink.in_flight = True
+        sink.admit(query_batch_id)
         try:
             batch_id = sink.batch_base + query_batch_id
             watermark = max(read_batch_reference(self.checkpoint_dir, query_batch_id).watermark_ms, self.watermark_floor_ms)
@@ -402,5 +399,4 @@ class GlobalMergeSink:
             self.state.set_closed_through(batch_id, closing_at)  # deleted when the next batch starts
             log.info("batch %d: global merge at watermark %d closed %d windows", batch_id, closing_at, len(closed))
         finally:
-            sink.last_query_batch = query_batch_id
-            sink.in_flight = False
+            sink.release(query_batch_id)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,7 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from keyshift.processing.failpoints import failpoint
+from keyshift.errors import JobError
+from keyshift.processing.failpoints import failpoint, hold_here
 from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
 from keyshift.processing.pieces import PieceAssembler, merge_window_rows
 from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
@@ -101,8 +103,41 @@ def merge_split_windows(windows: pd.DataFrame, spec: JobSpec) -> tuple[pd.DataFr
     return result, int(duplicated.sum()) - len(merged)
 
 
-class SwitchBarrier(RuntimeError):
-    """Raised by the sink for a micro-batch past a switch's cut (it is never run)."""
+class BatchRefused(RuntimeError):
+    """Raised by the sink for a micro-batch past the cut where its query stops (a switch or a
+    stop request, `stop_at_batch_boundary`): nothing of the batch is run or written, and Spark
+    does not commit it."""
+
+
+def stop_at_batch_boundary(query, sink: "KeyedWindowSink", checkpoint: Path, timeout_s: float = 300.0) -> None:
+    """Stop `query` at a batch boundary: refuse every batch that has not reached the sink (the
+    sink's barrier), let the one in the sink finish and be committed, then stop.
+
+    `StreamingQuery.stop()` alone interrupts whatever batch runs: one stopped after the sink
+    wrote its outputs and ledger but before Spark's commit leaves the ledger and the windows
+    table a batch ahead of the checkpoint (whose state then counts that batch's events as not
+    yet read). Used by a switch (the cut) and by a stop request.
+
+    Args:
+        query: the running `StreamingQuery`. sink: its foreachBatch sink (or the sink a
+            `GlobalMergeSink` wraps). checkpoint: the query's checkpoint folder.
+        timeout_s: seconds to wait for the batch in the sink to be committed.
+
+    Raises:
+        JobError: the batch in the sink was not committed within `timeout_s`.
+    """
+    sink.close_barrier()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if query.exception() is not None and not query.isActive:
+            break  # it stopped on the barrier (or failed: the cut is read from the checkpoint all the same)
+        last = sink.last_query_batch
+        if not sink.in_flight and (last is None or (Path(checkpoint) / "commits" / str(last)).exists()):
+            break
+        if time.monotonic() > deadline:
+            raise JobError(f"the batch in the sink was not committed within {timeout_s:.0f} s; the query cannot stop at a batch boundary")
+        time.sleep(0.05)
+    query.stop()
 
 
 class KeyedWindowSink:
@@ -166,24 +201,44 @@ class KeyedWindowSink:
         self.hold_until_barrier: Callable[[], bool] | None = None  # a test's failpoint (`driver._hold_markers_batch`)
         self.last_query_batch: int | None = None
         self._lock = threading.Lock()
+        self._gate = threading.Lock()
 
     def __call__(self, batch: DataFrame, query_batch_id: int) -> None:
         """Route one micro-batch of processor output; called by Spark on the driver.
 
         Raises:
-            SwitchBarrier: a switch's cut was set (`barrier`) before this batch reached the
+            BatchRefused: the barrier was set (`close_barrier`) before this batch reached the
                 sink: nothing of it is run or written and Spark does not commit it.
         """
         if self.hold_until_barrier is not None and self.hold_until_barrier():
             self.barrier.wait(timeout=300)
-        if self.barrier.is_set():
-            raise SwitchBarrier(f"batch {query_batch_id} refused: a switch stops the query at the batch before it")
-        self.in_flight = True
+        self.admit(query_batch_id)
         try:
             self._route(batch, self.batch_base + query_batch_id)
         finally:
-            self.last_query_batch = query_batch_id
-            self.in_flight = False
+            self.release(query_batch_id)
+
+    def admit(self, query_batch_id: int) -> None:
+        """Let query batch `query_batch_id` into the sink (`in_flight`), unless the barrier is set.
+
+        Raises:
+            BatchRefused: the barrier is set (`close_barrier`).
+        """
+        with self._gate:  # with close_barrier: a batch is either in flight or refused, never in between
+            if self.barrier.is_set():
+                raise BatchRefused(f"batch {query_batch_id} refused: the query stops at the batch boundary before it (a switch or a stop)")
+            self.in_flight = True
+
+    def release(self, query_batch_id: int) -> None:
+        """Query batch `query_batch_id` has left the sink (written, or failed)."""
+        self.last_query_batch = query_batch_id
+        self.in_flight = False
+
+    def close_barrier(self) -> None:
+        """Refuse every batch that has not been admitted yet; one admitted stays `in_flight`
+        until it leaves."""
+        with self._gate:
+            self.barrier.set()
 
     def _route(self, batch: DataFrame, batch_id: int) -> None:
         failpoint("sink.before_batch", batch_id)
@@ -240,6 +295,7 @@ class KeyedWindowSink:
         )
         self.ledger.record(counts)
         failpoint("sink.after_outputs", batch_id)
+        hold_here("sink.hold_after_outputs", batch_id)
 
         with self._lock:
             replayed = batch_id in self._batches

@@ -49,6 +49,20 @@ def test_a_sink_built_on_a_ledger_starts_from_its_totals(tmp_path):
     assert sink.counters.per_slot_events == [1, 2, 3] and sink.last_batch_id == 4
 
 
+def test_the_barrier_refuses_batches_not_admitted_and_waits_for_the_one_admitted(tmp_path):
+    from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+    from keyshift.processing.sinks import BatchRefused, KeyedWindowSink
+
+    sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=0, partitions=3)
+    sink.admit(7)
+    sink.close_barrier()
+    assert sink.in_flight  # batch 7 was in the sink before the cut: it finishes
+    with pytest.raises(BatchRefused, match="batch 8 refused"):
+        sink.admit(8)
+    sink.release(7)
+    assert not sink.in_flight and sink.last_query_batch == 7
+
+
 def test_job_record_round_trip(tmp_path):
     config = FlightDelayJobConfig(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
                                   assignment={"ORD": 1}, split={"ORD": (1, 2)}, limit=17)
