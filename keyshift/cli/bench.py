@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from keyshift.bench import switch as switch_bench
+from keyshift.bench.throughput import COLD_START_RECORDS
 from keyshift.cli.topics import quiet_kafka_logs
 from keyshift.settings import DEFAULT_PARTITIONS, Settings
 
@@ -191,7 +192,7 @@ def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...]
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Runs of each job per configuration, alternating.")
 @click.option("--flights", type=click.IntRange(min=1), default=None, help="Flights to replay; default all 3,000,000.")
 @click.option("--max-offsets-per-trigger", "per_trigger", type=click.IntRange(min=1), default=250_000, show_default=True, help="Records per micro-batch at most, both jobs.")
-@click.option("--cold-start-records", type=click.IntRange(min=0), default=30_000, show_default=True,
+@click.option("--cold-start-records", type=click.IntRange(min=0), default=COLD_START_RECORDS, show_default=True,
               help="Flights of the cold-start runs (batch 0 of a small batch, both jobs, --runs each); 0: none.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | None, per_trigger: int, cold_start_records: int,
