@@ -1,11 +1,13 @@
 """The exchange strategies on a real stack: `plain`, Local Merge's `window` emit mode and
 `global_merge` give exactly the default run's windows, late events and dead letters, once each,
 on a round_robin topic (a key's events in every partition) with bad and late records mixed in;
-Global Merge writes no shuffle bytes and never merges a task twice."""
+Global Merge writes no shuffle bytes and never merges a task twice, and a Global Merge run killed
+with SIGKILL between a batch's outputs and its commit, then resumed, still gives them once each."""
 
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 
 import pandas as pd
@@ -93,6 +95,26 @@ def test_every_exchange_gives_the_default_runs_outputs_exactly_once(stack_settin
         assert summary["pending_events"] == 0
     else:
         assert summary["shuffle_write_bytes"] > 0
+
+
+def test_global_merge_killed_after_a_batchs_outputs_resumes_to_the_default_runs_outputs(stack_settings, round_robin_topic, oracle,
+                                                                                       tmp_path):
+    """kill -9 of the driver's process group at failpoint `sink.after_outputs@2`: batch 2's merges
+    are in Redis and its windows, side outputs and ledger written, its commit and its
+    `closed_through` mark are not. Spark replays batch 2 on `--resume`: its tasks merge nothing
+    twice, the windows it closes are routed again (the same rows), and the run ends with the
+    default run's outputs exactly once."""
+    run_id = f"it-exchange-gm-kill-{uuid.uuid4().hex[:6]}"
+    log = tmp_path / "driver.log"
+    killed = start(job_args(round_robin_topic, run_id, "--exchange", "global_merge"), log, "sink.after_outputs@2")
+    assert killed.wait(timeout=900) == -signal.SIGKILL, f"the failpoint did not fire; see {log}"
+    run_dir = stack_settings.runs_dir / run_id
+    assert not (run_dir / "summary.json").exists() and (run_dir / "batches" / f"{2:08d}.json").exists()
+    assert not (run_dir / "checkpoint" / "commits" / "2").exists()
+    resumed = start([KEYSHIFT, "job", "run", "flight_delays", "--resume", run_id], log)
+    assert resumed.wait(timeout=900) == 0, f"the resumed run failed; see {log}"
+    summary = assert_equals_the_oracle(stack_settings, run_id, oracle)
+    assert summary["exchange"] == "global_merge" and summary["resumes"] == 1 and summary["pending_events"] == 0
 
 
 def test_global_merge_state_merges_a_task_once_and_forgets_closed_windows(stack_settings):
