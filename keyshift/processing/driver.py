@@ -701,16 +701,21 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                  seg_config.epoch, config.watermark, config.bound_ms, int(segment["batch_base"]), extra=STEP)
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
             and record.get("switch_id") == segment.get("switch_id") else None
+
+        def finish_switch(rec, first_commit_at=None, segment=segment, sink=sink):
+            """Verify switch `rec` once this segment's query committed a batch (at `first_commit_at`,
+            epoch seconds; default now), and finish it."""
+            return in_driver.verify_and_finish(spark, settings, run_dir, segment, rec, control, variables,
+                                               first_commit_at or time.time(), _conservation(spark, run_dir, segments, sink))
         try:
             if switching is not None:
                 try:
                     fail_here("switch.new_query", in_driver.switch_number(segments[:-1], switching))
                 except InjectedFailure as exc:
                     raise JobError(f"the new query failed: {exc}") from exc
+            _hold_new_query_batch(sink, segment, switching)
             watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
-                           switching, lambda rec: in_driver.verify_and_finish(
-                               spark, settings, run_dir, segment, rec, control, variables, time.time(),
-                               _conservation(spark, run_dir, segments, sink)))
+                           switching, finish_switch)
             while (spec.key_windows or config.exchange == "global_merge") and watch.get("outcome") == "switch":  # refused; goes on
                 _refuse_switch(control, watch.pop("switch_record"), spec.name, config.exchange)
                 watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
@@ -735,6 +740,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         stop_at_batch_boundary(query, sink, checkpoint)
         _publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
         if watch.get("outcome") == "stopped":
+            if switching is not None:
+                _settle_switch_at_stop(control, switching, checkpoint, config, finish_switch)
             return segments, watch, sink
         record = watch.pop("switch_record")
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at,
@@ -842,6 +849,8 @@ def _publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, confi
                 "watermark_ms": state["watermark_ms"],
                 "timestamp_ms": _iso_to_ms(record.get("timestamp")),
                 "batch_duration_ms": record.get("durationMs", {}).get("triggerExecution"),
+                # Spark's own split of the trigger: latestOffset, queryPlanning, addBatch, walCommit, commitOffsets, ...
+                "duration_ms": record.get("durationMs", {}),
                 "events_read": sink.counters.processed_events,
                 "events_accounted": sink.counters.accounted_events,
                 "late_events": sink.counters.late_events,
@@ -970,6 +979,42 @@ def _switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> 
     if armed() == ("switch.before_markers_batch", number):
         return state["markers_end"] is None
     return False
+
+
+def _settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, config: FlightDelayJobConfig,
+                           finish_switch) -> None:
+    """A run stopped while switch `switching`'s new query ran: finish the switch if that query
+    committed a batch and the switch was not verified yet; else leave it at step `published`,
+    which the run finishes when it resumes (`_watch`), and say so.
+
+    The stop waits for the batch in the sink (`stop_at_batch_boundary`), so a stop during the new
+    query's first batch leaves that batch committed, and the switch can be verified now instead
+    of staying unfinished while the run is stopped (a `keyshift switch` or DAG waiting on it would
+    wait in vain).
+    """
+    from keyshift.migration.switch import FINAL_STATES
+
+    record = control.current()
+    if record is None or record.get("switch_id") != switching.get("switch_id") or record.get("state") in FINAL_STATES:
+        return  # verified while the query ran
+    committed = committed_batches(checkpoint, config.topic)[0]
+    if committed:
+        log.info("run %s: stopped after switch %s's new query committed its first batch; verifying the switch",
+                 config.run_id, record["switch_id"], extra=STEP)
+        # the pause (the cost_aware trigger's migration cost) ends at that commit, not at the stop
+        finish_switch(record, (checkpoint / "commits" / str(committed[0])).stat().st_mtime)
+    else:
+        log.warning("run %s: stopped before switch %s's new query committed a batch; the switch stays at step %s and "
+                    "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record["switch_id"],
+                    record.get("step"))
+
+
+def _hold_new_query_batch(sink, segment: dict[str, Any], switching: dict[str, Any] | None) -> None:
+    """Failpoint `switch.hold_first_batch@n` (n = this segment's index, the run's n-th switch): the
+    sink holds the first batch of switch n's new query for `HOLD_SECONDS` after its outputs, so
+    that a stop asked meanwhile comes before the switch is verified. A no-op outside tests."""
+    if FAILPOINT_ENV in os.environ and switching is not None and armed() == ("switch.hold_first_batch", int(segment["index"])):
+        sink.hold_after_outputs_of = int(segment["batch_base"])
 
 
 def _hold_markers_batch(sink, segment: dict[str, Any], config: FlightDelayJobConfig, target: dict[int, int] | None,

@@ -18,6 +18,7 @@ lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outs
 | `switch.<step>` (n = the run's n-th switch) | the driver, right after step `stopped`, `migrated`, `segment` or `published` of a switch | see `keyshift.migration.switch`: redone before the segment, finished after |
 | `switch.new_query` (raises, does not kill) | the driver, once the new query of switch n started | the new query fails before its first commit: the switch rolls back |
 | `switch.after_markers_read` (holds, does not kill) | the driver, when switch n is requested | the driver acts on it only once a completed batch has read the end-of-input markers: the next segment starts past them |
+| `switch.hold_first_batch` (holds, does not kill) | the sink, after the outputs of switch n's new query's first batch | the sink returns `HOLD_SECONDS` later: a stop asked meanwhile comes after the switch's new query started and before its first commit |
 | `switch.before_markers_batch` (holds, does not kill) | the driver, when switch n is requested; the sink, at the batch planned to the input's end | the driver acts on the switch only once it has written the end-of-input markers, and the sink holds that batch until the switch refuses it: the cut comes right before it, and the next segment finds the markers among its input |
 
 Run the driver in its own process group (`start_new_session=True`, as the detached launcher
@@ -70,8 +71,13 @@ def hold_here(name: str, batch_id: int) -> None:
     """Sleep `HOLD_SECONDS` if failpoint `name` is armed for `batch_id` (a race held open: the
     driver goes on meanwhile, e.g. it takes a stop request)."""
     if FAILPOINT_ENV in os.environ and armed() == (name, batch_id):
-        log.warning("failpoint %s@%d: holding for %.0f s", name, batch_id, HOLD_SECONDS)
-        time.sleep(HOLD_SECONDS)
+        hold(f"{name}@{batch_id}")
+
+
+def hold(what: str) -> None:
+    """Sleep `HOLD_SECONDS`, logging `what` (an armed failpoint) at WARNING."""
+    log.warning("failpoint %s: holding for %.0f s", what, HOLD_SECONDS)
+    time.sleep(HOLD_SECONDS)
 
 
 class InjectedFailure(RuntimeError):

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from keyshift.errors import JobError
-from keyshift.processing.failpoints import failpoint, hold_here
+from keyshift.processing.failpoints import failpoint, hold, hold_here
 from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
 from keyshift.processing.pieces import PieceAssembler, merge_window_rows
 from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
@@ -199,6 +199,7 @@ class KeyedWindowSink:
         self.barrier = threading.Event()
         self.in_flight = False
         self.hold_until_barrier: Callable[[], bool] | None = None  # a test's failpoint (`driver._hold_markers_batch`)
+        self.hold_after_outputs_of: int | None = None  # a test's failpoint (`driver._hold_new_query_batch`)
         self.last_query_batch: int | None = None
         self._lock = threading.Lock()
         self._gate = threading.Lock()
@@ -296,6 +297,8 @@ class KeyedWindowSink:
         self.ledger.record(counts)
         failpoint("sink.after_outputs", batch_id)
         hold_here("sink.hold_after_outputs", batch_id)
+        if batch_id == self.hold_after_outputs_of:
+            hold(f"switch.hold_first_batch (batch {batch_id})")
 
         with self._lock:
             replayed = batch_id in self._batches
