@@ -1,9 +1,9 @@
 """`keyshift bench watermark`, short: key and global watermarks on 20,000 real flights at disorder 0 and 0.5.
 
-Each configuration runs twice (a paced replay at 5,000 events/s for the latencies, a backfill for
-the throughput) at P = 4. The report must have the issue's shape and a plot, every run must read
-every flight, and key mode, whose sources each keep their order, must lose no event and equal
-pandas' windows.
+Each configuration runs twice (a paced replay at 10,000 events/s for the latencies, a backfill in
+four micro-batches for the throughput) at P = 4. The report must have the issue's shape and a
+plot, every run must read every flight, and key mode, whose sources each keep their order, must
+lose no event and equal pandas' windows.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ def test_key_and_global_at_two_disorder_levels_report_the_issue_shape(stack_sett
     from keyshift.bench.watermark import BenchSettings, run_watermark_bench
 
     out = tmp_path / "watermark.json"
-    config = BenchSettings(flights=FLIGHTS, rate=5_000.0, partitions=4, disorders=(0.0, 0.5), modes=("key", "global"),
-                           state_samples=1, warmup=False, backfill_repeats=2)
+    # four backfill micro-batches (not N/10): the shape needs a first and a measured one, and
+    # each batch costs about 0.7 s whatever its size
+    config = BenchSettings(flights=FLIGHTS, rate=10_000.0, partitions=4, disorders=(0.0, 0.5), modes=("key", "global"),
+                           state_samples=1, warmup=False, backfill_repeats=2, per_trigger=FLIGHTS // 4)
     report = run_watermark_bench(stack_settings, out, config, spark=spark, progress=False)
 
     assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(report["rows"], default=str))
