@@ -990,23 +990,33 @@ def _settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path,
     The stop waits for the batch in the sink (`stop_at_batch_boundary`), so a stop during the new
     query's first batch leaves that batch committed, and the switch can be verified now instead
     of staying unfinished while the run is stopped (a `keyshift switch` or DAG waiting on it would
-    wait in vain).
+    wait in vain). Redis unreachable at that moment (a restart) leaves the switch to the resumed
+    run as well; the stop itself stands.
+
+    Raises:
+        JobError: the verification failed (`in_driver.verify_and_finish`; the switch is `failed`).
     """
+    import redis
+
     from keyshift.migration.switch import FINAL_STATES
 
-    record = control.current()
-    if record is None or record.get("switch_id") != switching.get("switch_id") or record.get("state") in FINAL_STATES:
-        return  # verified while the query ran
-    committed = committed_batches(checkpoint, config.topic)[0]
-    if committed:
+    try:
+        record = control.current()
+        if record is None or record.get("switch_id") != switching.get("switch_id") or record.get("state") in FINAL_STATES:
+            return  # verified while the query ran
+        committed = committed_batches(checkpoint, config.topic)[0]
+        if not committed:
+            log.warning("run %s: stopped before switch %s's new query committed a batch; the switch stays at step %s and "
+                        "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record["switch_id"],
+                        record.get("step"))
+            return
         log.info("run %s: stopped after switch %s's new query committed its first batch; verifying the switch",
                  config.run_id, record["switch_id"], extra=STEP)
         # the pause (the cost_aware trigger's migration cost) ends at that commit, not at the stop
         finish_switch(record, (checkpoint / "commits" / str(committed[0])).stat().st_mtime)
-    else:
-        log.warning("run %s: stopped before switch %s's new query committed a batch; the switch stays at step %s and "
-                    "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record["switch_id"],
-                    record.get("step"))
+    except redis.RedisError as exc:
+        log.warning("run %s: switch %s not verified at the stop (Redis: %s); it completes when the run resumes",
+                    config.run_id, switching.get("switch_id"), exc)
 
 
 def _hold_new_query_batch(sink, segment: dict[str, Any], switching: dict[str, Any] | None) -> None:

@@ -14,13 +14,14 @@ for `HOLD_SECONDS` after its outputs; the test sends SIGTERM while it is held.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
 
-from flight_runs import PARTITIONS, batches_done, fresh_topic, job_args, start, wait_for
+from flight_runs import batches_done, fresh_topic, job_args, start, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,9 +40,9 @@ def test_a_stop_during_a_switchs_first_batch_finishes_the_switch(stack_settings,
     limit = args.index("--limit")
     del args[limit:limit + 2]  # a continuous run: it ends when stopped
     process = start([*args, "--no-progress"], driver_log, failpoint="switch.hold_first_batch@1")
-    try:
-        wait_for(lambda: batches_done(run_dir) >= 1, process, 600, "batch 1")
-        with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool:  # leaving it waits for the request, so the driver must be gone first
+        try:
+            wait_for(lambda: batches_done(run_dir) >= 1, process, 600, "batch 1")
             requested = pool.submit(request_switch, stack_settings, run_id, "least_count", None, reason="test: stop during a switch",
                                     wait_timeout_s=600)
             held = "failpoint switch.hold_first_batch"
@@ -51,9 +52,9 @@ def test_a_stop_during_a_switchs_first_batch_finishes_the_switch(stack_settings,
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=300) == 0, driver_log.read_text(errors="replace")[-3000:]
             record = requested.result(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
+        finally:
+            if process.poll() is None:  # the driver, its JVM and its Python workers
+                os.killpg(process.pid, signal.SIGKILL)
 
     assert record["state"] == "done" and record["step"] == "done", record
     assert SwitchControl.from_settings(stack_settings, run_id).pending() is None
