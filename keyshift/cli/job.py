@@ -15,6 +15,7 @@ import click
 from keyshift.cli.output import run_output_options, run_terminal
 from keyshift.console import print_summary
 from keyshift.eventtime.plausibility import PlausibilityLimits
+from keyshift.eventtime.partition_clocks import DEFAULT_IDLE_TIMEOUT_S
 from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs import job_names
@@ -44,15 +45,21 @@ def flight_delay_options(function):
         click.option("--epoch", type=click.IntRange(min=0), default=0, help="Assignment epoch written on every window."),
         click.option("--bound-ms", type=click.IntRange(min=0), default=HOUR_MS, help="Watermark bound, ms of event time."),
         click.option("--watermark", type=click.Choice(WATERMARK_MODES), default="global", show_default=True,
-                     help="Watermark mode: global (Spark's, one per query), key (one per key), nkey (one per group of keys), "
-                          "dynamic (per key, bound follows the key's disorder up to --bound-ms)."),
+                     help="Watermark mode: global (Spark's, one per query: max event time over every partition - bound), "
+                          "partition (one per query: min over the active Kafka partitions' max event times - bound, Flink's), "
+                          "key (one per key), nkey (one per group of keys), dynamic (per key, bound follows the key's disorder "
+                          "up to --bound-ms)."),
         click.option("--watermark-groups", type=click.IntRange(min=1), default=WatermarkPolicy.groups, show_default=True,
                      help="nkey mode: N watermark groups (murmur2(key) mod N)."),
         click.option("--idle-fallback", type=click.Choice(IDLE_FALLBACKS), default=WatermarkPolicy.idle_fallback, show_default=True,
                      help="Per-key modes: how a silent key's windows close: global (once the stream is --idle-lag-ms past them) "
                           "or timeout (also after --key-idle-timeout seconds without events)."),
         click.option("--idle-lag-ms", type=click.IntRange(min=0), default=WatermarkPolicy.idle_lag_ms, show_default=True,
-                     help="Per-key modes: no key's watermark stays further than this behind the stream's max event time (ms)."),
+                     help="Per-key modes: no key's watermark stays further than this behind the slowest active Kafka partition's "
+                          "max event time (ms)."),
+        click.option("--partition-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_IDLE_TIMEOUT_S,
+                     show_default=True, help="Seconds without records after which a Kafka partition stops holding the watermark "
+                                             "of the others back (every mode but global), until its next record."),
         click.option("--key-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=WatermarkPolicy.idle_timeout_s,
                      show_default=True, help="timeout fallback: seconds without events after which a key closes its windows."),
         click.option("--exchange", type=click.Choice(EXCHANGES), default="local_merge", show_default=True,
@@ -124,6 +131,7 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         idle_fallback=options["idle_fallback"],
         idle_lag_ms=options["idle_lag_ms"],
         key_idle_timeout_s=options["key_idle_timeout"],
+        partition_idle_timeout_s=options.get("partition_idle_timeout") or DEFAULT_IDLE_TIMEOUT_S,
         exchange=options["exchange"],
         emit=options["emit"],
     )

@@ -11,6 +11,10 @@ rules, `keyshift.processing.processor` applies them per slot and batch.
 Modes (`WatermarkPolicy.mode`):
 - `global`: wm = max(Spark's watermark, floor), Spark's watermark = max event time of the query
   - `bound_ms`. What Spark does; the baseline.
+- `partition`: one watermark per query, as `global`, but from per-partition clocks: wm = the
+  minimum over the active Kafka partitions of their max event time - `bound_ms`, idle partitions
+  left out (Flink's per-split watermarks, `keyshift.eventtime.partition_clocks`). A backfill whose
+  partitions drift apart in event time loses nothing to the drift.
 - `key`: per key k, wm_k = max(max event time seen for k - bound_ms, closed_k, fallback). An event of
   k is late only against wm_k; k's windows close as soon as wm_k passes them. A key that hot_split
   spreads over several slots keeps one watermark per piece (each piece is a key on its own slot).
@@ -21,11 +25,14 @@ Modes (`WatermarkPolicy.mode`):
   (`keyshift.eventtime.disorder`, paper 004), between 0 and a maximum M = `bound_ms`.
 
 Silent keys (`idle_fallback`). Under `key`, `nkey` and `dynamic` every watermark is at least the
-*fallback*: Spark's own global watermark computed with the idle lag as its bound, fallback = max
-event time of the query - `idle_lag_ms` (and never below the switch floor). So
-- `global` fallback (default): a key that falls silent closes its windows once the whole stream
-  is `idle_lag_ms` of event time past them, and its state is freed; a key's events are late at
-  the latest when they are `idle_lag_ms` behind the fastest part of the stream.
+*fallback*: Spark's own watermark computed with the idle lag as its bound, which in every mode but
+`global` follows the slowest active Kafka partition (`keyshift.eventtime.partition_clocks`):
+fallback = min over the active partitions of their max event time - `idle_lag_ms` (one batch
+behind; never below the switch floor). The fallback is never the fastest partition's time, so a
+partition that a backfill reads months behind another keeps its keys' events on time. So
+- `global` fallback (default): a key that falls silent closes its windows once every active
+  partition is `idle_lag_ms` of event time past them, and its state is freed; a key's events are
+  late at the latest when they are `idle_lag_ms` behind the slowest active partition.
 - `timeout` fallback: besides, a key that received no event for `idle_timeout_s` seconds of
   processing time closes all its open windows at once; its clock stays (so that a later event of
   a closed window is late, never a second window) until the fallback passes it.
@@ -49,7 +56,7 @@ from keyshift.errors import ConfigurationError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.murmur2 import murmur2, to_positive
 
-WATERMARK_MODES = ("global", "key", "nkey", "dynamic")
+WATERMARK_MODES = ("global", "partition", "key", "nkey", "dynamic")
 """The watermark modes of the engine (module docstring)."""
 
 IDLE_FALLBACKS = ("global", "timeout")
@@ -112,14 +119,20 @@ class WatermarkPolicy:
 
     @property
     def per_key(self) -> bool:
-        """Whether watermarks are kept below the query level (every mode but `global`)."""
+        """Whether watermarks are kept below the query level (`key`, `nkey`, `dynamic`)."""
+        return self.mode not in ("global", "partition")
+
+    @property
+    def caps_event_time(self) -> bool:
+        """Whether Spark's watermark follows the slowest active Kafka partition (every mode but
+        `global`, `keyshift.eventtime.partition_clocks`) rather than the fastest."""
         return self.mode != "global"
 
     @property
     def spark_delay_ms(self) -> int:
         """The delay of the query's `withWatermark`: the bound in `global` mode, else the idle lag
         (Spark's watermark is then the fallback every key's watermark is held above)."""
-        return self.bound_ms if self.mode == "global" else self.idle_lag_ms
+        return self.idle_lag_ms if self.per_key else self.bound_ms
 
 
 def watermark_key(key: str, policy: WatermarkPolicy) -> str:

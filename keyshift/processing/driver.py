@@ -42,6 +42,7 @@ from keyshift.processing.warmup import start_python_workers
 from keyshift.processing.session import build_spark_session, job_spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
+from keyshift.processing.clocked_batches import ClockedBatches
 from keyshift.processing.sinks import KeyedWindowSink, stop_at_batch_boundary
 from keyshift.processing.key_window_sink import KeyWindowSink, kept_events, native_window_rows
 from keyshift.runs import RunRecorder
@@ -667,14 +668,15 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             sink = KeyWindowSink(spec, SlidingWindow(seg_config.window_ms, spec.slide_ms), run_dir, config.run_id, seg_config.epoch,
                                  seg_config.partitions, side_outputs, batch_base=int(segment["batch_base"]))
         else:
-            pieces = PieceAssembler(spec, run_dir / "pieces", seg_config.split, int(segment["batch_base"])) if config.watermark != "global" else None
+            pieces = PieceAssembler(spec, run_dir / "pieces", seg_config.split, int(segment["batch_base"])) \
+                if config.watermark_policy.per_key else None
             sink = KeyedWindowSink(spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
                                    side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
         initial = initial_state_frame(spark, run_dir / segment["initial_state"], variables) if segment.get("initial_state") else None
         stream = flight_delay_stream(
             read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
-            marker_floor=segment.get("marker_floor"),
+            marker_floor=segment.get("marker_floor"), clocks_dir=run_dir, batch_base=int(segment["batch_base"]),
         )
         query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
         batch_function = sink
@@ -688,6 +690,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.watermark_policy.spark_delay_ms,
                                              seg_config.window_ms, slot_tokens(seg_config.partitions, seg_config.stateful_partitions),
                                              int(segment.get("watermark_floor_ms") or 0))
+        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, int(segment["batch_base"]), config.partition_idle_timeout_s)
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
         task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions, seg_config.stateful_partitions,
                           seg_config.source_tasks)

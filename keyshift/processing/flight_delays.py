@@ -32,6 +32,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from keyshift.errors import ConfigurationError
+from keyshift.eventtime.partition_clocks import DEFAULT_IDLE_TIMEOUT_S
 from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
@@ -112,12 +113,17 @@ class FlightDelayJobConfig:
         reference_min_events: events a chunk needs for its median event time to count as a
             reference of the stream; default 50.
         watermark: the watermark mode, one of `keyshift.eventtime.watermarks.WATERMARK_MODES`:
-            `global` (Spark's, the default), `key`, `nkey`, `dynamic` (`bound_ms` is then the
-            maximum bound M).
+            `global` (Spark's, the default), `partition` (the minimum over the active Kafka
+            partitions' clocks minus `bound_ms`, Flink's), `key`, `nkey`, `dynamic` (`bound_ms`
+            is then the maximum bound M).
         watermark_groups: N, watermark groups of `nkey` mode.
         idle_fallback: `global` or `timeout`: how a silent key's windows close (per-key modes).
-        idle_lag_ms: per-key modes: every watermark is at least the query's max event time minus
-            this (ms of event time); default two days.
+        idle_lag_ms: per-key modes: every watermark is at least the stream's event time minus
+            this (ms of event time): the minimum over the active Kafka partitions' clocks
+            (`keyshift.eventtime.partition_clocks`); default two days.
+        partition_idle_timeout_s: seconds of processing time after which a Kafka partition that
+            delivered no record stops holding the others' watermark back (until its next record);
+            default 60.
         key_idle_timeout_s: `timeout` fallback: seconds of processing time without events after
             which a key closes all its windows.
         exchange: how events reach a key's windows (`keyshift.processing.exchange.EXCHANGES`):
@@ -151,6 +157,7 @@ class FlightDelayJobConfig:
     idle_fallback: str = WatermarkPolicy.idle_fallback
     idle_lag_ms: int = WatermarkPolicy.idle_lag_ms
     key_idle_timeout_s: float = WatermarkPolicy.idle_timeout_s
+    partition_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     exchange: str = "local_merge"
     emit: str = "batch"
 
@@ -205,7 +212,7 @@ class FlightDelayJobConfig:
         if self.exchange != "local_merge" and self.spec.key_windows:
             raise ConfigurationError(f"job {self.job} computes key windows, which take events one by one; "
                                      f"exchange {self.exchange!r} is for tumbling-window jobs")
-        if self.exchange == "global_merge" and self.watermark != "global":
+        if self.exchange == "global_merge" and self.watermark_policy.per_key:
             raise ConfigurationError(f"exchange global_merge closes windows on the global watermark; "
                                      f"watermark mode {self.watermark!r} keeps per-key clocks in the processor's state")
 
@@ -230,6 +237,8 @@ def flight_delay_stream(
     initial_state=None,
     watermark_floor_ms: int = 0,
     marker_floor: Mapping[int, int] | None = None,
+    clocks_dir: Path | str | None = None,
+    batch_base: int = 0,
 ) -> DataFrame:
     """Chain parse -> plausibility -> watermark -> Local Merge with slot tokens -> stateful processor.
 
@@ -246,6 +255,11 @@ def flight_delay_stream(
             lateness, window closing and the plausibility reference never go below it.
         marker_floor: after a switch, partition -> the topic's end offset when the segment was
             made: the run's end-of-input markers below it are ignored (`IngestContext`).
+        clocks_dir: the run's folder, where the driver keeps the partition clocks
+            (`keyshift.eventtime.partition_clocks`; the driver must prepare and seal every batch,
+            `keyshift.processing.driver`); None: no partition clocks (plausibility against
+            Spark's watermark, no capping).
+        batch_base: the run-wide id of this query's batch 0.
 
     Returns:
         A streaming DataFrame of processor output rows, append mode: `output_schema(config.spec)`
@@ -270,6 +284,8 @@ def flight_delay_stream(
         marker_floor={int(p): int(o) for p, o in marker_floor.items()} if marker_floor else None,
         chunk_records=int(kafka_rows.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch",
                                                            str(DEFAULT_CHUNK_RECORDS))),
+        clocks_dir=str(clocks_dir) if clocks_dir is not None else None, batch_base=int(batch_base),
+        query=Path(str(checkpoint_dir or default_checkpoint_dir(config.run_id))).name, cap_event_time=policy.caps_event_time,
     )
     store = (config.redis_url, config.topic) if config.assignment is not None else None
     lookup = None

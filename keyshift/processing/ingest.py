@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
+from keyshift.eventtime.partition_clocks import PartitionClocks, PartitionClockStore, SliceReport, cap_event_times, clocks_for_task
 from keyshift.eventtime.plausibility import BatchReference, PlausibilityLimits, _batch_reference, implausible_reasons
 from keyshift.processing.records import (
     END_OF_INPUT_PREFIX, FILTERED, MAX_CODE_BYTES, key_mismatch, record_columns,
@@ -254,6 +255,13 @@ class IngestContext:
             for an earlier segment (before a switch) and are dropped like another run's, so
             that the query reads only the markers written for it, after all of its input
             (`keyshift.processing.driver._watch`). None or a missing partition: offset 0.
+        clocks_dir: the run's folder, whose partition clocks (`keyshift.eventtime.partition_clocks`)
+            give each batch's per-partition reference and take each task's report; None outside a
+            streaming query (plausibility then judges against Spark's watermark `W`).
+        batch_base: the run-wide id of the query's batch 0 (a switch's segments number on).
+        query: the query's name in the task reports (its checkpoint folder's name).
+        cap_event_time: cap each row's `event_ts` at its partition's M(p)
+            (`keyshift.eventtime.partition_clocks.cap_event_times`): every watermark mode but `global`.
     """
 
     run_id: str
@@ -264,6 +272,26 @@ class IngestContext:
     watermark_floor_ms: int = 0
     chunk_records: int = DEFAULT_CHUNK_RECORDS
     marker_floor: Mapping[int, int] | None = None
+    clocks_dir: str | None = None
+    batch_base: int = 0
+    query: str = "query"
+    cap_event_time: bool = False
+
+    def partition_clocks(self) -> tuple[int, PartitionClocks] | None:
+        """(run-wide batch id, the partition clocks in force) of the running batch; None without
+        a clocks folder or outside a streaming query."""
+        return clocks_for_task(self.clocks_dir, self.batch_base) if self.clocks_dir is not None else None
+
+    def partition_reference(self, partition: int) -> BatchReference:
+        """The plausibility reference of a chunk of Kafka partition `partition`: W = its own
+        clock - `bound_ms` (0 before its first event: the chunk's medians judge), and the batch's
+        timestamp (`keyshift.eventtime.plausibility`). Without partition clocks: `reference()`."""
+        found = self.partition_clocks()
+        if found is None:
+            return self.reference()
+        timestamp = _batch_reference(self.checkpoint_dir).timestamp_ms if self.checkpoint_dir is not None else None
+        clock = found[1].event_time_ms(partition)
+        return BatchReference(max(clock - self.bound_ms, 1) if clock is not None else 0, timestamp)
 
     def reference(self) -> BatchReference:
         """The running batch's reference, floored at `watermark_floor_ms`."""
@@ -342,6 +370,8 @@ class RecordIngest:
         self.key_field = None if spec.key_lookup is not None else next(f for f in spec.fields if f.col == spec.key)
         self.keep_values = pa.array(spec.keep.values, pa.string()) if spec.keep is not None else None
         self.keep_col = next(f.col for f in spec.fields if f.name == spec.keep.field) if spec.keep is not None else None
+        self.reports: dict[int, SliceReport] = {}
+        """Kafka partition -> what this task's chunks read of it (`SliceReport`)."""
 
     def chunk(self, batch: pa.RecordBatch) -> tuple[pa.Table, list[Marker]]:
         """Ingest one chunk of Kafka rows (`key`, `value` binary; `partition` int; `offset` long).
@@ -375,7 +405,9 @@ class RecordIngest:
             values, keys, text = values.filter(rows), keys.filter(rows), text.filter(rows)
             partitions, offsets = partitions[keep], offsets[keep]
         columns, reasons = self._validate(keys, values, text)
-        self._judge_plausibility(columns, reasons)
+        partition = int(partitions[0]) if len(partitions) else (markers[0].partition if markers else None)
+        self._judge_plausibility(columns, reasons, partition)
+        self._report(partition, n, columns, reasons, bool(markers))
         arrays = [columns[c] for c in self.columns]
         arrays += [pa.array(reasons, pa.string()), pa.array(partitions.astype(np.int32)), pa.array(offsets), values, keys]
         return pa.Table.from_arrays(arrays, schema=self.schema), markers
@@ -449,13 +481,28 @@ class RecordIngest:
             merged[c] = pc.if_else(mask, strict_values, column)
         return merged
 
-    def _judge_plausibility(self, columns: dict[str, pa.Array], reasons: np.ndarray) -> None:
-        """Step 4: the plausibility rule over the chunk's valid events, into `reasons`."""
+    def _report(self, partition: int | None, records: int, columns: dict[str, pa.Array], reasons: np.ndarray, marker: bool) -> None:
+        """Add the chunk to the task's report of its Kafka partition (`reports`): records, the
+        largest event time of a valid event (after plausibility), the run's marker."""
+        if partition is None:
+            return
+        valid = reasons == None  # noqa: E711
+        top = None
+        if valid.any():
+            times = pc.fill_null(columns[self.spec.event_time], 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            top = int(times[valid].max())
+        piece = SliceReport(int(records), top, marker)
+        self.reports[partition] = self.reports[partition].merge(piece) if partition in self.reports else piece
+
+    def _judge_plausibility(self, columns: dict[str, pa.Array], reasons: np.ndarray, partition: int | None = None) -> None:
+        """Step 4: the plausibility rule over the chunk's valid events, into `reasons`, against
+        the chunk's own Kafka partition (`IngestContext.partition_reference`)."""
         checked = reasons == None  # noqa: E711
         if not checked.any():
             return
         times = pc.fill_null(columns[self.spec.event_time], 0).to_numpy().astype(np.float64)
-        found = implausible_reasons(times, checked, self.context.reference(), self.context.bound_ms, self.context.limits)
+        reference = self.context.partition_reference(partition) if partition is not None else self.context.reference()
+        found = implausible_reasons(times, checked, reference, self.context.bound_ms, self.context.limits)
         judged = found != None  # noqa: E711
         if judged.any():
             reasons[judged] = found[judged]
@@ -605,7 +652,7 @@ def ingest_function(
             rows = with_payload(events)
             rows = rows_of(rows) if rows_of is not None else rows.cast(to_arrow_schema(row_schema))
             if rows.num_rows:
-                stamps = _timestamps(event_times_of(rows), out_schema.field(EVENT_TS_COLUMN).type)
+                stamps = _timestamps(capped_event_times(rows, event_times_of(rows), context), out_schema.field(EVENT_TS_COLUMN).type)
                 pieces.append(pa.Table.from_arrays(
                     [*rows.columns, stamps, pa.array(np.zeros(rows.num_rows, bool))], schema=out_schema))
         if markers:
@@ -620,7 +667,42 @@ def ingest_function(
                 arrays["count"] = pa.array(np.zeros(m, np.int64))
             arrays["kafka_partition"] = pa.array([k.partition for k in markers], pa.int32())
             pieces.append(pa.Table.from_arrays([arrays[f.name].cast(f.type) for f in out_schema], schema=out_schema))
+        if ingest_chunk.reports:
+            write_task_report(context, ingest_chunk.reports)
         for piece in pieces:
             yield from piece.to_batches()
 
     return ingest
+
+
+def capped_event_times(rows: pa.Table, event_times: pa.Array, context: IngestContext) -> pa.Array:
+    """The `event_ts` (ms) of the stage's rows: each row's largest event time, capped at its
+    Kafka partition's M(p) when `context.cap_event_time` (per-partition watermarks,
+    `keyshift.eventtime.partition_clocks`); NULL where the cap is -inf (a partition without a
+    clock yet holds the watermark). Unchanged in `global` mode or outside a streaming query."""
+    if not context.cap_event_time:
+        return event_times
+    found = context.partition_clocks()
+    if found is None:
+        return event_times
+    clocks = found[1]
+    valid = np.asarray(event_times.is_valid(), dtype=bool)
+    if not valid.any():
+        return event_times
+    times = pc.fill_null(event_times, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    parts = pc.fill_null(rows.column("kafka_partition").combine_chunks(), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    size = max(int(parts.max()) + 1, max(clocks.clocks, default=-1) + 1, 1)
+    capped, keeps = cap_event_times(times, np.maximum(parts, 0), clocks.caps_ms(size))
+    return pa.array(capped, pa.int64(), mask=~(valid & keeps))
+
+
+def write_task_report(context: IngestContext, reports: Mapping[int, SliceReport]) -> None:
+    """Write this ingest task's per-partition report for the running batch
+    (`keyshift.eventtime.partition_clocks.PartitionClockStore.write_report`); nothing outside a
+    streaming query or without a clocks folder."""
+    found = context.partition_clocks()
+    if found is None:
+        return
+    from pyspark import TaskContext
+
+    PartitionClockStore(context.clocks_dir).write_report(found[0], context.query, TaskContext.get().partitionId(), reports)

@@ -1,0 +1,74 @@
+"""The driver's side of the partition clocks: prepare each batch's clocks before it runs, seal them after.
+
+A `foreachBatch` function wrapped by `ClockedBatches` first makes sure the clocks in force for the
+batch are on disk (`keyshift.eventtime.partition_clocks.PartitionClockStore.prepare`: written once,
+read back unchanged when Spark replays the batch), then lets the job's sink run the batch (the
+ingest tasks read those clocks and write their reports while the sink's actions run), then folds
+the reports into the clocks after the batch (`seal`) before Spark commits it. A batch the sink
+refuses (a switch's or a stop's barrier) is not sealed: it never ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from keyshift.eventtime.partition_clocks import PartitionClocks, PartitionClockStore, listed_partitions
+
+log = logging.getLogger(__name__)
+
+
+class ClockedBatches:
+    """A `foreachBatch` function that keeps the run's partition clocks around `inner`.
+
+    Args:
+        inner: the job's `foreachBatch` function, `(DataFrame, query batch id) -> None`.
+        run_dir: `runs/<run_id>/` (the clocks live in its `partition-clocks/`).
+        checkpoint: the query's checkpoint folder (its offset log lists the input's partitions;
+            its name tags the ingest tasks' reports).
+        batch_base: the run-wide id of the query's batch 0.
+        idle_timeout_s: seconds of processing time after which a partition without records is idle.
+
+    Attributes:
+        last: the clocks in force for the last batch prepared (None before the first).
+        max_drift_ms: the largest event-time spread between active partitions seen at a batch
+            start by this driver (ms).
+    """
+
+    def __init__(self, inner: Callable, run_dir: Path, checkpoint: Path, batch_base: int, idle_timeout_s: float) -> None:
+        self.inner = inner
+        self.store = PartitionClockStore(run_dir)
+        self.checkpoint = Path(checkpoint)
+        self.batch_base = int(batch_base)
+        self.idle_timeout_ms = int(round(float(idle_timeout_s) * 1000))
+        self.last: PartitionClocks | None = None
+        self.max_drift_ms = 0
+
+    def __call__(self, batch, query_batch_id: int) -> None:
+        """Prepare, run and seal one micro-batch (module docstring)."""
+        batch_id = self.batch_base + int(query_batch_id)
+        clocks = self.store.prepare(batch_id, int(time.time() * 1000), self.idle_timeout_ms,
+                                    listed_partitions(self.checkpoint, query_batch_id))
+        self.last = clocks
+        self.max_drift_ms = max(self.max_drift_ms, clocks.drift_ms())
+        idle = clocks.idle()
+        reference = clocks.reference_ms()
+        log.debug("batch %d: partition clocks: reference %s, drift %.1f h, idle partitions %s", batch_id,
+                  _when(reference), clocks.drift_ms() / 3_600_000, idle or "none")
+        if idle:
+            log.info("batch %d: partitions %s idle (no records for more than %.0f s): left out of the watermark until their "
+                     "next record", batch_id, idle, self.idle_timeout_ms / 1000)
+        self.inner(batch, query_batch_id)
+        self.store.seal(batch_id, self.checkpoint.name)
+
+
+def _when(ms: float) -> str:
+    """An event time (ms) as ISO 8601 UTC, or 'none' / 'unknown' for +inf / -inf."""
+    if ms == float("inf"):
+        return "none (no active partition)"
+    if ms == float("-inf"):
+        return "unknown (a partition has no event yet)"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
