@@ -75,12 +75,13 @@ RUN_ID = "{{ job_run_id(run_id) }}"
         "bound_ms": Param(3_600_000, type="integer", minimum=0,
                           description="Watermark bound in ms: how late an event may be before it counts as late."),
         "watermark": Param("global", type="string", enum=list(WATERMARK_MODES),
-                           description="Watermark mode: global (one per query, Spark's), key (one per key), "
+                           description="Watermark mode: global (one per query, Spark's: the fastest partition), partition (one per "
+                                       "query: the slowest active Kafka partition, Flink's), key (one per key), "
                                        "nkey (one per group of keys), dynamic (per key, the bound follows the key's disorder up to bound_ms)."),
         "exchange": Param("local_merge", type="string", enum=list(EXCHANGES),
                           description="How events reach a key's windows (paper 000 §4.3): local_merge (partials per key "
                                       "and window before the shuffle), plain (every event crosses the shuffle) or "
-                                      "global_merge (no shuffle: windows merged in Redis; needs watermark global)."),
+                                      "global_merge (no shuffle: windows merged in Redis; needs watermark global or partition)."),
         "max_restarts": Param(DEFAULT_MAX_RESTARTS, type="integer", minimum=0, maximum=1000,
                               description="Continuous run: times a dead driver is restarted from its checkpoint "
                                           "before the run fails (restarts; Flink's fixed-delay attempts)."),

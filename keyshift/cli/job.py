@@ -65,7 +65,7 @@ def flight_delay_options(function):
         click.option("--exchange", type=click.Choice(EXCHANGES), default="local_merge", show_default=True,
                      help="How events reach a key's windows (paper 000 §4.3): local_merge (partials per key and window "
                           "before the shuffle), plain (every event crosses the shuffle) or global_merge (no shuffle; "
-                          "each task merges into one window state in Redis; global watermark only)."),
+                          "each task merges into one window state in Redis; global or partition watermark only)."),
         click.option("--emit", default="batch", show_default=True, metavar="batch|window|count:N",
                      help="Local Merge's emit mode: batch (a task's whole slice), window (a key's partial ends at its "
                           "window boundary) or count:N (a partial per N events of the slice)."),

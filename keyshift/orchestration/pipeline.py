@@ -129,7 +129,7 @@ def validate_strategy(strategy: str, job: str | None = None) -> str:
 
 def validate_exchange(exchange: str | None, watermark: str | None = None) -> str:
     """Return the exchange strategy a run uses (None or empty: `local_merge`) if it can run with
-    the watermark mode (`global_merge` closes windows on the global watermark only).
+    the watermark mode (`global_merge` closes windows on the query's one watermark: `global` or `partition`).
 
     Raises:
         ConfigurationError: an unknown exchange, or `global_merge` with a per-key watermark mode.
@@ -137,9 +137,9 @@ def validate_exchange(exchange: str | None, watermark: str | None = None) -> str
     from keyshift.processing.exchange import check_exchange
 
     exchange = check_exchange(exchange or "local_merge")
-    if exchange == "global_merge" and (watermark or "global") != "global":
-        raise ConfigurationError(f"exchange global_merge closes windows on the global watermark; "
-                                 f"watermark mode {watermark!r} keeps per-key clocks: choose watermark global")
+    if exchange == "global_merge" and (watermark or "global") not in ("global", "partition"):
+        raise ConfigurationError(f"exchange global_merge closes windows on the query's one watermark; "
+                                 f"watermark mode {watermark!r} keeps per-key clocks: choose watermark global or partition")
     return exchange
 
 

@@ -68,7 +68,7 @@ def test_dag_params_defaults(dag):
                       "restart_delay_s": 10.0}
     assert dag.params.get_param("exchange").schema["enum"] == ["local_merge", "plain", "global_merge"]
     assert dag.params.get_param("job").schema["enum"] == ["flight_delays", "ysb"]
-    assert set(dag.params.get_param("watermark").schema["enum"]) == {"global", "key", "nkey", "dynamic"}
+    assert set(dag.params.get_param("watermark").schema["enum"]) == {"global", "partition", "key", "nkey", "dynamic"}
     # The trigger form accepts a continuous run (null limit) and rejects a negative one.
     schema = dag.params.get_param("limit").schema
     assert "null" in schema["type"] and schema["minimum"] == 0
