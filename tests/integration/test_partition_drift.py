@@ -10,8 +10,10 @@ time (`keyshift.data.drift`):
 - `partition_offsets`: every partition's flights are shifted by 30 days per partition number,
   so whole partitions start months apart.
 
-One flight in 30 of all 3,000,000 (100,000 over the whole six months) keeps a test's size while
-keeping the drift of the full data. Every per-key mode and the `partition` mode lose nothing (0
+At P = 8 one flight in 10 of all 3,000,000 (300,000 over the whole six months) keeps a test's
+size while keeping the drift of the full data (thinner, a partition's 1,000-event plausibility
+block would span more than the 7 days an event may be ahead of it); at P = 32 the first 200,000
+flights, whose origins swap half-way through their 12 days. Every per-key mode and the `partition` mode lose nothing (0
 late, 0 dead letters, windows equal to pandas row by row); Spark's `global` mode with the same
 one-minute bound loses events, which is what the per-partition clocks are for.
 """
@@ -31,8 +33,9 @@ from keyshift.processing.flight_delays import FlightDelayJobConfig
 
 pytestmark = pytest.mark.integration
 
-EVERY = 30
-PER_TRIGGER = 10_000
+PER_TRIGGER = 25_000
+FIXTURES = {("popularity", 8): (None, 10), ("popularity", 32): (200_000, 1), ("partition_offsets", 8): (None, 10)}
+"""(variant, P) -> (first flights, one in how many of them)."""
 MINUTE_MS = 60_000
 
 
@@ -40,7 +43,9 @@ def _frame(settings, variant: str, partitions: int):
     from keyshift.data.drift import shifted_flights
     from keyshift.data.flights import flights_path
 
-    return shifted_flights(flights_path(settings), variant=variant, partitions=partitions).iloc[::EVERY].reset_index(drop=True)
+    limit, every = FIXTURES[(variant, partitions)]
+    frame = shifted_flights(flights_path(settings), limit=limit, variant=variant, partitions=partitions)
+    return frame.iloc[::every].reset_index(drop=True)
 
 
 def _topic(settings, frame, variant: str, partitions: int) -> str:
@@ -59,7 +64,7 @@ def drifted(settings):
     from keyshift.data.drift import reference_of
 
     found: dict = {}
-    for variant, partitions in (("popularity", 8), ("popularity", 32), ("partition_offsets", 8)):
+    for variant, partitions in FIXTURES:
         frame = _frame(settings, variant, partitions)
         found.setdefault(variant, {})[partitions] = (_topic(settings, frame, variant, partitions), reference_of(frame), len(frame))
     return found
