@@ -65,6 +65,15 @@ class ClockedBatches:
         self.store.seal(batch_id, self.checkpoint.name)
 
 
+def partition_clock_summary(run_dir: Path) -> dict:
+    """The run's partition clocks for its summary: `max_partition_drift_ms` (the largest
+    event-time spread between active partitions at any batch start, ms), `idle_partition_batches`
+    (batches that started with at least one idle partition) and `partition_clocks_batches`."""
+    history = PartitionClockStore(run_dir).history()
+    return {"max_partition_drift_ms": max((c.drift_ms() for c in history), default=0),
+            "idle_partition_batches": sum(1 for c in history if c.idle()), "partition_clocks_batches": len(history)}
+
+
 def _when(ms: float) -> str:
     """An event time (ms) as ISO 8601 UTC, or 'none' / 'unknown' for +inf / -inf."""
     if ms == float("inf"):

@@ -42,7 +42,7 @@ from keyshift.processing.warmup import start_python_workers
 from keyshift.processing.session import build_spark_session, job_spark_conf
 from keyshift.processing.side_outputs import TransactionalSideOutputs
 from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.clocked_batches import ClockedBatches
+from keyshift.processing.clocked_batches import ClockedBatches, partition_clock_summary
 from keyshift.processing.sinks import KeyedWindowSink, stop_at_batch_boundary
 from keyshift.processing.key_window_sink import KeyWindowSink, kept_events, native_window_rows
 from keyshift.runs import RunRecorder
@@ -1168,6 +1168,7 @@ def build_summary(
         "balance_degree": balance_degree(counters.per_slot_events),
         "batches": watch["batches"],
         "final_watermark_ms": watch["watermark_ms"],
+        **partition_clock_summary(Path(sink.windows_dir).parent),
         "wall_seconds": round(wall_seconds, 3),
         "events_per_second": round(events_read / wall_seconds, 1) if wall_seconds > 0 else None,
         "driver_peak_rss_bytes": sampler.peak_rss_bytes,
