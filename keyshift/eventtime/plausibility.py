@@ -16,6 +16,12 @@ The rule, for an event with event time t (ms) in micro-batch b:
   `batchTimestampMs`). Spark writes that file before it runs the batch and reads it back when it
   replays the batch after a crash, so a replay sees the same W and T. T is a wall clock, but
   the one recorded for the batch, never the clock of the replay. W = 0 means no watermark yet.
+  In keyshift's jobs W is the event's own Kafka partition's: its clock before the batch minus
+  the delay (`keyshift.eventtime.partition_clocks`, written before the batch and read back on a
+  replay, like the offset log), 0 before the partition's first event; so a partition that a
+  backfill reads months behind another is judged against itself, never against the fastest
+  (`keyshift.processing.ingest.IngestContext.partition_reference`). Spark's W serves where a
+  query runs without partition clocks (`quarantine_implausible`).
 - The chunk: the records the engine's ingest stage (`keyshift.processing.ingest`) is handed at
   once, `spark.sql.execution.arrow.maxRecordsPerBatch` Kafka records (default 10,000) of one
   Kafka partition's slice of the batch, in offset order, counted from the slice's start (a

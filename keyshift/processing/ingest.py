@@ -19,7 +19,10 @@ For each chunk it:
    double quotes (`canonical_fields`), and it is judged by the value rules 6 and 7 vectorized; every other record takes the strict path, `keyshift.processing.strict_records`;
 3. applies the spec's `keep` rule (`FILTERED`);
 4. judges event-time plausibility (`keyshift.eventtime.plausibility.implausible_reasons`) over
-   the chunk's valid events, against the batch's watermark and timestamp from the offset log.
+   the chunk's valid events, against the chunk's own Kafka partition's clock and the batch's
+   timestamp (`IngestContext.partition_reference`), and adds the chunk to the task's report of
+   that partition (records, largest valid event time, marker), which the task writes for the
+   driver (`keyshift.eventtime.partition_clocks`).
 
 After the last chunk of a Spark partition, a spec with `key_lookup` looks its keys up
 (`keyshift.processing.key_lookup`); every dead letter gets its payload (`raw_value` as text when
@@ -30,7 +33,10 @@ largest event time it holds (paper 000 §4.3: a merged record carries the larges
 what it merged; NULL for a dead letter or a filtered row), and the run's own markers pass as
 rows with `is_control` set, so that Spark's watermark, taken over `event_ts` after this stage,
 is exactly the one it would take over the events themselves (max over partials of their max =
-max over events), and the markers still move it.
+max over events), and the markers still move it. In every watermark mode but `global` each row's
+`event_ts` is then capped at its partition's M(p), the minimum of the other active partitions'
+clocks (`capped_event_times`), so that Spark's watermark follows the slowest active partition
+(`keyshift.eventtime.partition_clocks`).
 
 This replaces a chain of Spark expressions (`from_json`, the variant parse, a CASE of the rules,
 a regular expression), a pandas UDF for plausibility and a second `mapInArrow` for Local Merge:
