@@ -14,7 +14,8 @@ Each benchmark writes a JSON report of its own shape; one small pure function pe
 * watermark (`keyshift.bench.watermark.evaluate_targets`): `targets`, each `{"target", "value",
   "met"}` whose value is a mapping per disorder level;
 * throughput (`keyshift.bench.throughput.summarize`): `goals`, each `{"goal", "target",
-  "measured", "met"}`.
+  "measured", "met"}`;
+* drift (`keyshift.bench.drift.evaluate_targets`): `targets`, each `{"target", "value", "met"}`.
 
 `met` is True, False or None (not measured). `render_report` writes one self-contained HTML page
 (jinja2, autoescaped; the plots embedded as base64 PNG) from the `BenchOutcome` of each benchmark.
@@ -124,6 +125,11 @@ def watermark_goals(report: Mapping[str, Any]) -> list[Goal]:
     return [Goal("watermark", t["target"], t["target"], t["value"], t["met"]) for t in report["targets"]]
 
 
+def drift_goals(report: Mapping[str, Any]) -> list[Goal]:
+    """Goals of a drift report: one per entry of `targets` (`keyshift.bench.drift.evaluate_targets`)."""
+    return [Goal("drift", t["target"], t["target"], t["value"], t["met"]) for t in report.get("targets", [])]
+
+
 def throughput_goals(report: Mapping[str, Any]) -> list[Goal]:
     """Goals of a throughput report: one per entry of `goals`."""
     return [Goal("throughput", g["goal"], g["target"], g["measured"], g["met"]) for g in report.get("goals", [])]
@@ -133,6 +139,7 @@ GOAL_EXTRACTORS: dict[str, Callable[[Mapping[str, Any]], list[Goal]]] = {
     "placement": placement_goals,
     "switch": switch_goals,
     "keywindows": key_windows_goals,
+    "drift": drift_goals,
     "watermark": watermark_goals,
     "throughput": throughput_goals,
 }
@@ -149,6 +156,8 @@ def identify_bench(report: Mapping[str, Any]) -> str | None:
         return "throughput"
     if "window" in report and "counting" in report:
         return "keywindows"
+    if "drift_bench" in report:
+        return "drift"
     rows = report.get("rows")
     if "definitions" in report or (report.get("partial") and rows is not None):
         return "watermark"

@@ -65,6 +65,9 @@ SUITE: tuple[BenchPlan, ...] = (
               "then one cold-start run of each (30,000 flights in 10,000-record batches)", 360),
     BenchPlan("switch", ("--flights", "60000", "--no-progress"),
               "60,000 flights fed at 3,000 events/s, the default five switches", 420),
+    BenchPlan("drift", ("--every", "10", "--per-trigger", "25000", "--no-progress"),
+              "one flight in 10 of the six months (300,000) whose busy and quiet origins swap half-way, 25,000-record "
+              "batches, global, partition, key and dynamic mode, key mode undrifted, the plain Spark job", 420),
     BenchPlan("watermark", ("--flights", "30000", "--disorder", "0", "--disorder", "0.5", "--no-progress"),
               "30,000 flights, disorder 0 and 0.5, every mode, paced at 5,000 events/s", 900),
 )

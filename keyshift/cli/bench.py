@@ -186,6 +186,33 @@ def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...]
         click.echo(f"  {target['target']}: {verdict} ({json.dumps(target['value'])})")
 
 
+@command.command(name="drift")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSON report to write; the PNG goes beside it.")
+@click.option("--flights", type=click.IntRange(min=1), default=None, help="First N flights of the file.  [default: all 3,000,000]")
+@click.option("--every", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Keep one flight in EVERY (thinner data keeps the six months of drift at a smaller size).")
+@click.option("--per-trigger", type=click.IntRange(min=1), default=250_000, show_default=True, help="Records per micro-batch.")
+@click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, show_default=True, help="P: topic partitions = slots.")
+@click.option("--bound-ms", type=click.IntRange(min=0), default=60_000, show_default=True, help="Watermark bound, ms of event time.")
+@click.option("--progress/--no-progress", default=True, help="Print a line per run.")
+def drift(out: Path, flights: int | None, every: int, per_trigger: int, partitions: int, bound_ms: int, progress: bool) -> None:
+    """Event time when Kafka partitions drift apart: flights whose busy and quiet origins swap
+    half-way, written by a plain producer, read from earliest.
+
+    Per watermark mode (and the plain Spark job): events/s, late, dead letters, peak state,
+    largest partition drift, windows equal to pandas; checks the issue's goals.
+    """
+    from keyshift.bench import drift as bench
+
+    config = bench.DriftBenchSettings(flights=flights, every=every, per_trigger=per_trigger, partitions=partitions, bound_ms=bound_ms)
+    config.check()
+    report = bench.run_drift_bench(Settings(), out, config, progress=progress)
+    click.echo(f"{len(report['rows'])} rows -> {out} (plot {report['plot']}), {report['wall_seconds']:.0f} s")
+    for target in report["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        click.echo(f"  {target['target']}: {verdict} ({target['value']})")
+
+
 @command.command(name="throughput")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSON report to write; the PNG goes beside it.")
 @click.option("--config", "configs", multiple=True, help="P:strategy to run (repeat); the first gives ratio_whole/ratio_steady.  [default: 8:hash 32:hot_split]")

@@ -230,6 +230,16 @@ def shifted_flights(
     return _offset_partitions(frame, partitions)
 
 
+def plain_flights(path: Path, limit: int | None = None) -> pd.DataFrame:
+    """The first `limit` flights as records of `FRAME_COLUMNS`, without any drift built in (the
+    undrifted baseline of `keyshift bench drift`): event id = row number, event_time in ms UTC.
+
+    Raises:
+        DataError: the file lacks a column, holds nulls or has no rows.
+    """
+    return _read_frame(path, limit)
+
+
 def _read_frame(path: Path, limit: int | None) -> pd.DataFrame:
     """The first `limit` flights of the file as a frame of `FRAME_COLUMNS`, unshifted."""
     try:
