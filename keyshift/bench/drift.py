@@ -177,7 +177,7 @@ def plot_rows(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [r["run"] for r in rows]
     left.barh(names, [r.get("events_per_second") or 0 for r in rows], color=["#999" if r["job"] == "plain" else "#3b7dd8" for r in rows])
-    left.set_xlabel("events/s (whole run, fresh process)")
+    left.set_xlabel("events/s (each run in a fresh process; its query time)")
     left.invert_yaxis()
     for r in rows:
         if r.get("drift_per_batch"):
