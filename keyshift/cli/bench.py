@@ -194,8 +194,10 @@ def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...]
 @click.option("--per-trigger", type=click.IntRange(min=1), default=250_000, show_default=True, help="Records per micro-batch.")
 @click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, show_default=True, help="P: topic partitions = slots.")
 @click.option("--bound-ms", type=click.IntRange(min=0), default=60_000, show_default=True, help="Watermark bound, ms of event time.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs of key mode on each topic (alternating); the throughput goal compares the medians.")
 @click.option("--progress/--no-progress", default=True, help="Print a line per run.")
-def drift(out: Path, flights: int | None, every: int, per_trigger: int, partitions: int, bound_ms: int, progress: bool) -> None:
+def drift(out: Path, flights: int | None, every: int, per_trigger: int, partitions: int, bound_ms: int, repeats: int, progress: bool) -> None:
     """Event time when Kafka partitions drift apart: flights whose busy and quiet origins swap
     half-way, written by a plain producer, read from earliest.
 
@@ -204,7 +206,8 @@ def drift(out: Path, flights: int | None, every: int, per_trigger: int, partitio
     """
     from keyshift.bench import drift as bench
 
-    config = bench.DriftBenchSettings(flights=flights, every=every, per_trigger=per_trigger, partitions=partitions, bound_ms=bound_ms)
+    config = bench.DriftBenchSettings(flights=flights, every=every, per_trigger=per_trigger, partitions=partitions, bound_ms=bound_ms,
+                                      repeats=repeats)
     config.check()
     report = bench.run_drift_bench(Settings(), out, config, progress=progress)
     click.echo(f"{len(report['rows'])} rows -> {out} (plot {report['plot']}), {report['wall_seconds']:.0f} s")

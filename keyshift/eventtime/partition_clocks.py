@@ -52,6 +52,19 @@ of its input, and their event time ends the stream's event time as before.
 is a function of its offsets (the task reports), so a replayed batch caps and judges exactly as
 the first attempt did, and Spark's watermark (which it logs per batch) is the same.
 
+**Storage.** The files are read and written with Python's file API, by the driver and by the
+ingest tasks, so the run's folder must be a path every executor can open (one machine, or a
+shared mount); like the plausibility rule's reading of the offset log, this is local-file I/O
+that a cluster with HDFS or object-store checkpoints needs moved to Hadoop's FileSystem.
+
+**The reference is the same for every key.** Flink's operator watermark is the minimum over its
+input splits; keyshift's Spark watermark is the minimum over the active partitions for all keys,
+also for a key whose records come from one fast partition. That never makes an event late that a
+per-key-partition reference would keep (the minimum is at or below every partition's clock); what
+it costs is that a silent key of a fast partition closes its windows only when the slowest active
+partition passes them (measured by `keyshift bench drift`: key mode's peak state on the drifted
+flights equals the undrifted run's).
+
 **What idleness costs.** Records of a partition that was idle and rejoins are capped like any
 other, so they never move the watermark past the others; but while p was idle the watermark may
 have passed event times p still holds. Such records are late only against the watermark, which

@@ -25,7 +25,7 @@ def test_bench_drift_reports_every_mode_and_the_plain_job(stack_settings, tmp_pa
     out = tmp_path / "drift.json"
     keyshift = str(Path(sys.executable).parent / "keyshift")
     done = subprocess.run([keyshift, "bench", "drift", "--out", str(out), "--flights", str(FLIGHTS), "--per-trigger", "10000",
-                           "--no-progress"], capture_output=True, text=True, timeout=1_200)
+                           "--repeats", "2", "--no-progress"], capture_output=True, text=True, timeout=1_200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert (tmp_path / "drift.png").stat().st_size > 0
@@ -40,6 +40,8 @@ def test_bench_drift_reports_every_mode_and_the_plain_job(stack_settings, tmp_pa
     for mode in ("partition", "key", "dynamic"):
         row = rows[("keyshift", mode, "drifted")]
         assert row["late_events"] == 0 and row["dead_letters"] == 0 and row["windows_equal_reference"], row
+    assert len(rows[("keyshift", "key", "drifted")]["events_per_second_runs"]) == 2
+    assert len(rows[("keyshift", "key", "undrifted")]["events_per_second_runs"]) == 2
     targets = report["targets"]
     assert len(targets) == 5 and all(t["met"] in (True, False, None) for t in targets)
     assert [t["met"] for t in targets[:3]] == [True, True, True]

@@ -99,3 +99,19 @@ def test_listed_partitions_reads_sparks_offset_log(tmp_path):
     (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0,"batchTimestampMs":1}\n{"flights":{"2":10,"0":5,"1":7}}\n')
     assert listed_partitions(tmp_path, 4) == [0, 1, 2]
     assert listed_partitions(tmp_path, 5) == []
+
+
+def test_ingest_caps_event_ts_only_outside_global_mode(monkeypatch):
+    import pyarrow as pa
+
+    from keyshift.eventtime.plausibility import PlausibilityLimits
+    from keyshift.processing.ingest import IngestContext, capped_event_times
+
+    clocks = clocks_at({0: 10 * DAY, 1: 100 * DAY})
+    monkeypatch.setattr(IngestContext, "partition_clocks", lambda self: (0, clocks))
+    rows = pa.table({"kafka_partition": pa.array([0, 1, 1], pa.int32())})
+    times = pa.array([11 * DAY, 101 * DAY, None], pa.int64())
+    context = IngestContext(run_id="r", end_offsets=None, checkpoint_dir=None, bound_ms=0, limits=PlausibilityLimits(),
+                            clocks_dir="unused", cap_event_time=True)
+    assert capped_event_times(rows, times, context).to_pylist() == [11 * DAY, 10 * DAY, None]
+    assert capped_event_times(rows, times, replace(context, cap_event_time=False)).to_pylist() == [11 * DAY, 101 * DAY, None]
