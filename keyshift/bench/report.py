@@ -43,7 +43,7 @@ class Goal:
     """One goal of a benchmark and what the run measured.
 
     Attributes:
-        benchmark: the bench's name (`placement`, `switch`, `keywindows`, `watermark`, `throughput`).
+        benchmark: the bench's name (`placement`, `switch`, `keywindows`, `drift`, `watermark`, `throughput`).
         goal: the goal as the bench states it (e.g. "steady-state ratio >= 1.0").
         target: the bound or expected value, as JSON-like data (a number, True, a text).
         measured: the measured value, as JSON-like data (a number, a mapping per level, None).
@@ -126,7 +126,8 @@ def watermark_goals(report: Mapping[str, Any]) -> list[Goal]:
 
 
 def drift_goals(report: Mapping[str, Any]) -> list[Goal]:
-    """Goals of a drift report: one per entry of `targets` (`keyshift.bench.drift.evaluate_targets`)."""
+    """Goals of a drift report: one per entry of `targets` (`keyshift.bench.drift.evaluate_targets`;
+    its text carries the condition, so target is that text); none when the report has no targets."""
     return [Goal("drift", t["target"], t["target"], t["value"], t["met"]) for t in report.get("targets", [])]
 
 

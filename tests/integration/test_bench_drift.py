@@ -1,8 +1,10 @@
-"""`keyshift bench drift`, short: the first 40,000 flights with their busy and quiet origins
-swapping names half-way, in 10,000-record batches, through the CLI as a user runs it.
+"""`keyshift bench drift`, short: one flight in 100 of the six months (30,000) with their busy and
+quiet origins swapping names half-way, in 5,000-record batches, through the CLI as a user runs it.
 
-The report must have the issue's shape and a plot, every keyshift run must read every flight,
-and the per-key and partition modes must lose nothing and equal pandas' windows.
+Thinning (not the first N flights) keeps the six months, so the drifted topic's partitions are
+read days apart in event time, as in the full-size bench. The report must have the issue's shape
+and a plot, every keyshift run must read every flight, the per-key and partition modes must lose
+nothing and equal pandas' windows, and `bench all` must tell the report apart.
 """
 
 from __future__ import annotations
@@ -16,33 +18,50 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-FLIGHTS = 40_000
-ROW_FIELDS = {"run", "job", "watermark", "topic", "events", "events_per_second", "late_events", "dead_letters",
-              "state_memory_bytes_peak", "max_partition_drift_days", "windows_equal_reference"}
+EVERY = 100
+FLIGHTS = 3_000_000 // EVERY
+DAY_MS = 86_400_000
 
 
 def test_bench_drift_reports_every_mode_and_the_plain_job(stack_settings, tmp_path):
+    from keyshift.bench.drift import ROW_FIELDS
+    from keyshift.bench.report import drift_goals, identify_bench
+
     out = tmp_path / "drift.json"
     keyshift = str(Path(sys.executable).parent / "keyshift")
-    done = subprocess.run([keyshift, "bench", "drift", "--out", str(out), "--flights", str(FLIGHTS), "--per-trigger", "10000",
-                           "--repeats", "2", "--no-progress"], capture_output=True, text=True, timeout=1_200)
+    done = subprocess.run([keyshift, "bench", "drift", "--out", str(out), "--every", str(EVERY), "--per-trigger", "5000",
+                           "--repeats", "2", "--no-progress"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert (tmp_path / "drift.png").stat().st_size > 0
+    assert (tmp_path / "drift.png").stat().st_size > 0 and report["plot"] == str(tmp_path / "drift.png")
+    assert identify_bench(report) == "drift" and len(drift_goals(report)) == 5
+    settings = report["drift_bench"]
+    assert settings["flights_per_run"] == FLIGHTS and settings["every"] == EVERY and settings["baseline"] == "plain"
+    assert settings["run_order"][0].startswith("plain Spark job (drifted) [") and len(settings["run_order"]) == 6 + 2
+    assert settings["job_max_ahead_ms"] == EVERY * 7 * DAY_MS and report["wall_seconds"] > 0
+
     rows = {(r["job"], r["watermark"], r["topic"]): r for r in report["rows"]}
     modes = {("keyshift", m, "drifted") for m in ("global", "partition", "key", "dynamic")} | {("keyshift", "key", "undrifted")}
-    assert modes <= rows.keys() and any(job == "plain" for job, *_ in rows)
+    plain = [r for r in report["rows"] if r["job"] == "plain"]
+    assert modes == {k for k in rows if k[0] == "keyshift"} and len(plain) == 1 and len(report["rows"]) == 6
     for key in modes:
         row = rows[key]
-        assert ROW_FIELDS <= row.keys(), ROW_FIELDS - row.keys()
-        assert row["events"] == FLIGHTS and row["reconciled"] and row["events_per_second"] > 0
-        assert row["state_memory_bytes_peak"] > 0 and row["drift_per_batch"]
+        assert set(ROW_FIELDS) <= row.keys(), set(ROW_FIELDS) - row.keys()
+        assert row["events"] == FLIGHTS and row["reconciled"] is True and row["events_per_second"] > 0
+        assert row["state_memory_bytes_peak"] > 0 and len(row["drift_per_batch"]) >= FLIGHTS // 5000
+        assert row["late_events"] + row["dead_letters"] + row["window_events"] == FLIGHTS
     for mode in ("partition", "key", "dynamic"):
         row = rows[("keyshift", mode, "drifted")]
         assert row["late_events"] == 0 and row["dead_letters"] == 0 and row["windows_equal_reference"], row
-    assert len(rows[("keyshift", "key", "drifted")]["events_per_second_runs"]) == 2
-    assert len(rows[("keyshift", "key", "undrifted")]["events_per_second_runs"]) == 2
+        assert row["max_partition_drift_days"] >= 1.0  # the partitions are read days apart
+    assert rows[("keyshift", "key", "undrifted")]["max_partition_drift_days"] < rows[("keyshift", "key", "drifted")]["max_partition_drift_days"]
+    for kind in ("drifted", "undrifted"):
+        row = rows[("keyshift", "key", kind)]
+        assert len(row["events_per_second_runs"]) == 2 and len(row["repeat_run_ids"]) == 1 and row["events_per_second_median"] > 0
+    assert plain[0]["events"] == FLIGHTS and plain[0]["events_per_second"] > 0  # it ran first: no marker in its input
+
     targets = report["targets"]
     assert len(targets) == 5 and all(t["met"] in (True, False, None) for t in targets)
     assert [t["met"] for t in targets[:3]] == [True, True, True]
-    assert report["drift_bench"]["flights_per_run"] == FLIGHTS and report["wall_seconds"] > 0
+    assert targets[3]["value"]["ratio"] > 0 and targets[4]["met"] is None
+    assert targets[4]["value"]["key (drifted)"]["bytes"] > 0 and targets[4]["value"]["partition (drifted)"]["bytes"] > 0
