@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from keyshift.eventtime.partition_clocks import PartitionClocks, PartitionClockStore, listed_partitions
+from keyshift.eventtime.partition_clocks import PartitionClockStore, listed_partitions
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,6 @@ class ClockedBatches:
             its name tags the ingest tasks' reports).
         batch_base: the run-wide id of the query's batch 0.
         idle_timeout_s: seconds of processing time after which a partition without records is idle.
-
-    Attributes:
-        last: the clocks in force for the last batch prepared (None before the first).
-        max_drift_ms: the largest event-time spread between active partitions seen at a batch
-            start by this driver (ms).
     """
 
     def __init__(self, inner: Callable, run_dir: Path, checkpoint: Path, batch_base: int, idle_timeout_s: float) -> None:
@@ -44,16 +39,12 @@ class ClockedBatches:
         self.checkpoint = Path(checkpoint)
         self.batch_base = int(batch_base)
         self.idle_timeout_ms = int(round(float(idle_timeout_s) * 1000))
-        self.last: PartitionClocks | None = None
-        self.max_drift_ms = 0
 
     def __call__(self, batch, query_batch_id: int) -> None:
         """Prepare, run and seal one micro-batch (module docstring)."""
         batch_id = self.batch_base + int(query_batch_id)
         clocks = self.store.prepare(batch_id, int(time.time() * 1000), self.idle_timeout_ms,
                                     listed_partitions(self.checkpoint, query_batch_id))
-        self.last = clocks
-        self.max_drift_ms = max(self.max_drift_ms, clocks.drift_ms())
         idle = clocks.idle()
         reference = clocks.reference_ms()
         log.debug("batch %d: partition clocks: reference %s, drift %.1f h, idle partitions %s", batch_id,
