@@ -60,6 +60,12 @@ def redis_client(settings: Settings, *, decode_responses: bool = True, timeout_s
     return client
 
 
+ATTEMPTS_FILE = "attempts.jsonl"
+"""`runs/<run_id>/attempts.jsonl`: one line per attempt at the run (the first start, then each
+`--resume`): `attempt`, `started_at` (epoch seconds, once Spark is up) and `events_at_start`
+(the events the run had read when the attempt began, from its ledger)."""
+
+
 class RunRecorder:
     """Writes one run's record, progress and summary (see the module docstring for the keys).
 
@@ -74,6 +80,11 @@ class RunRecorder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.summary_path = self.run_dir / "summary.json"
         self.progress_path = self.run_dir / "progress.jsonl"
+        self.attempts_path = self.run_dir / ATTEMPTS_FILE
+        self.attempt = 0
+        """This process's attempt at the run: 0, then one more per `--resume` (progress records carry it)."""
+        self.attempt_started_at: float | None = None
+        """When this attempt began processing (epoch seconds, Spark up); set by the driver."""
         self.redis = redis_client(settings)
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         """Called with each progress record after it is written (e.g. a progress bar); its errors
@@ -154,3 +165,69 @@ class RunRecorder:
     def replay_record(self, topic: str) -> dict[str, str]:
         """The last replay's record for `topic` (empty when none was recorded)."""
         return self.redis.hgetall(redis_replay_key(topic))
+
+    def start_attempt(self, started_at: float, events_at_start: int) -> None:
+        """Append this attempt's line to `attempts.jsonl` (`ATTEMPTS_FILE`).
+
+        Args:
+            started_at: when the attempt began processing (epoch seconds, Spark up).
+            events_at_start: events the run had read before it (its ledger's count).
+        """
+        with self.attempts_path.open("a") as out:
+            out.write(json.dumps({"attempt": self.attempt, "started_at": round(float(started_at), 3),
+                                  "events_at_start": int(events_at_start)}) + "\n")
+
+
+def attempt_figures(attempts: list[dict[str, Any]], progress: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each attempt's own events, seconds and events/s, for a run's summary.
+
+    A resumed run's counters cover the whole run, while each attempt processed only what came
+    after the last attempt's committed batches; so each attempt is measured by itself: its events
+    are the run's events at its end minus those at its start, its seconds run from its start to
+    its last batch. An attempt that ended without a summary (a crash, a second Ctrl-C) ends at its
+    last progress record (time after it is not known); one without any ends at its start (0 events,
+    0 s).
+
+    Args:
+        attempts: `attempts.jsonl`'s lines (`ATTEMPTS_FILE`).
+        progress: `progress.jsonl`'s records; each has `events_read` (the run's events so far) and,
+            since attempts were recorded, `attempt` and `written_at` (epoch seconds).
+        current: this attempt's `attempt`, `events` (the run's events at its end) and `seconds`.
+
+    Returns:
+        One dict per attempt in order: `attempt`, `events`, `seconds`, `events_per_second`
+        (None for 0 s).
+    """
+    out = []
+    for line in sorted(attempts, key=lambda a: int(a["attempt"])):
+        number, start = int(line["attempt"]), int(line["events_at_start"])
+        if number == int(current["attempt"]):
+            events, seconds = int(current["events"]) - start, float(current["seconds"])
+        else:
+            own = [r for r in progress if int(r.get("attempt", 0)) == number and r.get("written_at") is not None]
+            last = own[-1] if own else None
+            events = int(last["events_read"]) - start if last else 0
+            seconds = float(last["written_at"]) - float(line["started_at"]) if last else 0.0
+        out.append({"attempt": number, "events": events, "seconds": round(seconds, 3),
+                    "events_per_second": round(events / seconds, 1) if seconds > 0 else None})
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, in file order; [] when it is missing.
+
+    A line that is not valid JSON (a record being written, or torn by a crash) is skipped.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records

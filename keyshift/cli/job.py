@@ -73,7 +73,12 @@ def flight_delay_options(function):
                      help="Window size, ms of event time (a key-window job slides by its spec's slide_ms)."),
         click.option("--topic", default=None, show_default=f"the job's ({FLIGHTS_TOPIC} for the flights)", help="Input topic."),
         click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=250_000, help="Records per micro-batch at most."),
-        click.option("--limit", type=click.IntRange(min=1), default=None, help="Bounded run: wait for LIMIT records, drain, flush, stop. Default: run until stopped."),
+        click.option("--limit", type=click.IntRange(min=1), default=None,
+                     help="Bounded run: read LIMIT records past the start as they arrive (at least LIMIT: every record in the topic "
+                          "when it first holds LIMIT), drain, flush, stop. Default: run until stopped (SIGTERM or Ctrl-C)."),
+        click.option("--wait-for-input", is_flag=True, default=False,
+                     help="Bounded run: start the query only once the topic holds LIMIT records (a backfill read in full "
+                          "micro-batches) instead of reading records as they arrive."),
         click.option("--starting", type=click.Choice(["replay", "earliest", "latest"]), default="replay", help="Start offsets: where the last replay into the topic began, or earliest/latest."),
         click.option("--resume", "resume", default=None, metavar="RUN_ID", help="Continue the run RUN_ID from its checkpoint after its driver died (its other options come from runs/RUN_ID/job.json)."),
         click.option("--idle-timeout", type=click.FloatRange(min=1), default=300.0, help="Bounded run: fail when no batch completes for this many seconds."),
@@ -135,7 +140,8 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         exchange=options["exchange"],
         emit=options["emit"],
     )
-    return run_flight_delays(Settings(), config, starting=options["starting"], driver_log=driver_log, progress=progress)
+    return run_flight_delays(Settings(), config, starting=options["starting"], driver_log=driver_log, progress=progress,
+                             wait_for_input=bool(options.get("wait_for_input")))
 
 
 def _check_resumed_job(run_id: str, job_name: str | None) -> None:
@@ -175,8 +181,9 @@ def run(job: str | None, as_json: bool, progress: bool, **options) -> None:
     The job is --job NAME (or the JOB argument; default flight_delays). flight_delays: hourly
     delay windows per origin from the flights topic, with alerts, late events and dead letters.
     flight_delays_sliding: 1 h windows every minute per origin as key window updates (paper 003),
-    with late events and dead letters. With --limit it drains and stops; without, it runs until
-    Ctrl-C. Log lines of Spark, its Python workers and keyshift go to runs/<run_id>/driver.log;
+    with late events and dead letters. With --limit it reads the records as they arrive, drains and
+    stops; without, it runs until Ctrl-C or SIGTERM, which stop it at the next batch boundary with
+    its summary (a second Ctrl-C stops at once; --resume RUN_ID continues either). Log lines of Spark, its Python workers and keyshift go to runs/<run_id>/driver.log;
     the terminal shows the steps, a progress bar and warnings.
     """
     if job and options.get("job_name") and job != options["job_name"]:

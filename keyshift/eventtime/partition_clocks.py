@@ -154,12 +154,20 @@ class PartitionClocks:
         time_ms: T_b, the batch's processing time (ms since the epoch).
         idle_timeout_ms: ms of processing time after which a partition without records is idle.
         clocks: Kafka partition -> its clock.
+        end_offsets: Kafka partition -> first offset past a bounded run's input, as the driver
+            knew it when it prepared the batch; None while it is not known yet (a bounded run
+            reading a topic that does not hold `--limit` records yet; `keyshift.processing.driver`)
+            or in a run without `--limit`. Fixed with the clocks, so a replayed batch keeps
+            exactly the records its first attempt kept. A batch prepared without it was planned
+            before the end was known, so it holds no record past that end (Kafka's end offsets
+            only grow and the end is taken from them).
     """
 
     batch_id: int
     time_ms: int
     idle_timeout_ms: int
     clocks: dict[int, PartitionClock] = field(default_factory=dict)
+    end_offsets: dict[int, int] | None = None
 
     def active(self, partition: int) -> bool:
         """Whether `partition` holds the watermark back at this batch (not finished, not idle)."""
@@ -221,13 +229,16 @@ class PartitionClocks:
         """The clocks as a JSON object (the `in-force-<b>.json` file)."""
         return {"batch_id": self.batch_id, "time_ms": self.time_ms, "idle_timeout_ms": self.idle_timeout_ms,
                 "clocks": {str(p): c.as_json() for p, c in sorted(self.clocks.items())},
-                "reference_ms": _finite(self.reference_ms()), "drift_ms": self.drift_ms(), "idle": self.idle()}
+                "reference_ms": _finite(self.reference_ms()), "drift_ms": self.drift_ms(), "idle": self.idle(),
+                "end_offsets": None if self.end_offsets is None else {str(p): int(o) for p, o in sorted(self.end_offsets.items())}}
 
     @classmethod
     def from_json(cls, value: Mapping) -> "PartitionClocks":
         """Inverse of `as_json`."""
+        ends = value.get("end_offsets")
         return cls(int(value["batch_id"]), int(value["time_ms"]), int(value["idle_timeout_ms"]),
-                   {int(p): PartitionClock.from_json(c) for p, c in value["clocks"].items()})
+                   {int(p): PartitionClock.from_json(c) for p, c in value["clocks"].items()},
+                   None if ends is None else {int(p): int(o) for p, o in ends.items()})
 
 
 def _finite(value: float) -> int | None:
@@ -235,7 +246,7 @@ def _finite(value: float) -> int | None:
 
 
 def in_force(after: Mapping[int, PartitionClock], batch_id: int, time_ms: int, idle_timeout_ms: int,
-             listed: Iterable[int] = ()) -> PartitionClocks:
+             listed: Iterable[int] = (), end_offsets: Mapping[int, int] | None = None) -> PartitionClocks:
     """The clocks in force for batch `batch_id` from the clocks after the batch before.
 
     Args:
@@ -245,11 +256,13 @@ def in_force(after: Mapping[int, PartitionClock], batch_id: int, time_ms: int, i
         idle_timeout_ms: ms of processing time after which a partition without records is idle.
         listed: the input's partitions as the batch's offset log lists them: one not seen before
             joins with no clock, active from `time_ms` (module docstring, "Active partitions").
+        end_offsets: a bounded run's input end as known now (`PartitionClocks.end_offsets`).
     """
     clocks = dict(after)
     for partition in listed:
         clocks.setdefault(int(partition), PartitionClock(None, int(time_ms)))
-    return PartitionClocks(int(batch_id), int(time_ms), int(idle_timeout_ms), clocks)
+    ends = None if end_offsets is None else {int(p): int(o) for p, o in end_offsets.items()}
+    return PartitionClocks(int(batch_id), int(time_ms), int(idle_timeout_ms), clocks, ends)
 
 
 def cap_event_times(event_times_ms: np.ndarray, partitions: np.ndarray, caps_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -321,13 +334,15 @@ class PartitionClockStore:
                 return self.after(batch_id) or {}
         return {}
 
-    def prepare(self, batch_id: int, time_ms: int, idle_timeout_ms: int, listed: Iterable[int] = ()) -> PartitionClocks:
+    def prepare(self, batch_id: int, time_ms: int, idle_timeout_ms: int, listed: Iterable[int] = (),
+                end_offsets: Mapping[int, int] | None = None) -> PartitionClocks:
         """The clocks in force for `batch_id`: the file if a first attempt wrote it, else made
-        from the last sealed batch before it (`in_force`) and written."""
+        from the last sealed batch before it (`in_force`, with the input end `end_offsets` known
+        now) and written."""
         found = self.read_in_force(batch_id)
         if found is not None:
             return found
-        clocks = in_force(self.latest_after(batch_id), batch_id, time_ms, idle_timeout_ms, listed)
+        clocks = in_force(self.latest_after(batch_id), batch_id, time_ms, idle_timeout_ms, listed, end_offsets)
         _write_json(self.in_force_path(batch_id), clocks.as_json())
         return clocks
 

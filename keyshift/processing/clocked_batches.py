@@ -31,10 +31,15 @@ class ClockedBatches:
             its name tags the ingest tasks' reports).
         batch_base: the run-wide id of the query's batch 0.
         idle_timeout_s: seconds of processing time after which a partition without records is idle.
+        end_offsets: returns a bounded run's input end (partition -> first offset past it) as the
+            driver knows it now, None while unknown or without `--limit`; fixed in each batch's
+            clocks when it is prepared (`PartitionClocks.end_offsets`).
     """
 
-    def __init__(self, inner: Callable, run_dir: Path, checkpoint: Path, batch_base: int, idle_timeout_s: float) -> None:
+    def __init__(self, inner: Callable, run_dir: Path, checkpoint: Path, batch_base: int, idle_timeout_s: float,
+                 end_offsets: Callable[[], dict[int, int] | None] = lambda: None) -> None:
         self.inner = inner
+        self.end_offsets = end_offsets
         self.store = PartitionClockStore(run_dir)
         self.checkpoint = Path(checkpoint)
         self.batch_base = int(batch_base)
@@ -44,7 +49,7 @@ class ClockedBatches:
         """Prepare, run and seal one micro-batch (module docstring)."""
         batch_id = self.batch_base + int(query_batch_id)
         clocks = self.store.prepare(batch_id, int(time.time() * 1000), self.idle_timeout_ms,
-                                    listed_partitions(self.checkpoint, query_batch_id))
+                                    listed_partitions(self.checkpoint, query_batch_id), self.end_offsets())
         idle = clocks.idle()
         reference = clocks.reference_ms()
         log.debug("batch %d: partition clocks: reference %s, drift %.1f h, idle partitions %s", batch_id,

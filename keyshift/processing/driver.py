@@ -1,11 +1,13 @@
 """Run the flight delay job: Kafka source -> pipeline -> sink, watched until drained or stopped.
 
 `run_flight_delays` is the one entry point (the CLI, spark_jobs/flight_delays.py and the Airflow
-DAG all call it). A bounded run (`config.limit`) waits until the topic holds `limit` records past
-its start offsets, drains them, writes an end-of-input marker to every partition so the watermark
-passes the last windows, waits until every event read is accounted for (Σ window counts + late +
-dead letters), stops and writes `runs/<run_id>/summary.json`. A continuous run goes on until
-SIGTERM/SIGINT, then stops at a batch boundary and writes its summary.
+DAG all call it). A bounded run (`config.limit`) starts its query at once and reads records as
+they arrive; its input ends at the topic's end offsets at the moment the topic first holds `limit`
+records past the run's start (`InputEnd`; with `wait_for_input`, the query starts only then). It
+drains them, writes an end-of-input marker to every partition so the watermark passes the last
+windows, waits until every event read is accounted for (Σ window counts + late + dead letters),
+stops and writes `runs/<run_id>/summary.json`. A continuous run goes on until SIGTERM or Ctrl-C
+(SIGINT), then stops at a batch boundary and writes its summary (`StopSignals`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from keyshift.processing.pieces import PieceAssembler
 from keyshift.processing.clocked_batches import ClockedBatches, partition_clock_summary
 from keyshift.processing.sinks import KeyedWindowSink, stop_at_batch_boundary
 from keyshift.processing.key_window_sink import KeyWindowSink, kept_events, native_window_rows
-from keyshift.runs import RunRecorder
+from keyshift.runs import RunRecorder, attempt_figures, read_jsonl
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -231,21 +233,95 @@ def starting_offsets(replay: dict[str, str], topic: str, mode: str) -> dict[int,
 
 
 def _wait_for_records(
-    settings: Settings, topic: str, limit: int, start: dict[int, int] | str, timeout_s: float
+    settings: Settings, topic: str, limit: int, start: dict[int, int], timeout_s: float, stop_requested: threading.Event,
+    run_id: str,
 ) -> dict[int, int]:
-    """Wait until `topic` holds >= `limit` records past `start`; return its end offsets then."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        begin, end = _kafka_offsets(settings, topic)
-        base = begin if start == "earliest" else (end if start == "latest" else {p: start.get(p, begin[p]) for p in end})
-        available = sum(end[p] - base[p] for p in end)
-        if available >= limit:
-            log.info("topic %s holds %d records to read (limit %d)", topic, available, limit)
-            return end
-        if time.monotonic() > deadline:
-            raise JobError(f"topic {topic!r} holds {available} records after {timeout_s:.0f} s, fewer than the limit {limit}; was the replay run?")
-        log.info("waiting for records in %s: %d of %d", topic, available, limit)
-        time.sleep(2)
+    """`--wait-for-input`: wait until `topic` holds >= `limit` records past `start` (concrete
+    offsets); return its end offsets then.
+
+    Raises:
+        JobError: fewer than `limit` records after `timeout_s` seconds, or a stop was asked for
+            (SIGTERM, Ctrl-C) before the query started: nothing was read.
+    """
+    end = InputEnd(settings, topic, limit, start, None, timeout_s)
+    while not end.poll():
+        if stop_requested.wait(2):
+            raise JobError(f"run {run_id} stopped before its query started (it was waiting for {limit} records in {topic}); "
+                           "nothing was read")
+    return end.offsets
+
+
+class InputEnd:
+    """A bounded run's input end: the topic's end offsets at the moment it first holds `limit`
+    records past the run's start, learned before or while the query runs.
+
+    A bounded run reads records as they arrive; the driver polls the topic (`poll`) until it holds
+    `limit` records past `start`, then fixes the end (at least `limit` records: every record
+    written by then) and the run ends there: its end-of-input markers go out once a planned batch
+    reaches it (`_input_reached`). The end is fixed in the job record (a resume keeps it) and in
+    each later batch's partition clocks (`PartitionClocks.end_offsets`), so the ingest tasks drop
+    the records past it, the same way on a replay.
+
+    Args:
+        settings: the stack (Kafka's address).
+        topic: the input topic.
+        limit: events the run reads (`--limit`); 0 or None: no end (a continuous run).
+        start: partition -> the run's first offset.
+        offsets: the end if already known (a resume, or a topic that held the records at start).
+        timeout_s: seconds without a new record in the topic, while the end is unknown, after
+            which `poll` gives up (JobError).
+    """
+
+    POLL_INTERVAL_S = 2.0
+
+    def __init__(self, settings: Settings, topic: str, limit: int | None, start: dict[int, int],
+                 offsets: dict[int, int] | None, timeout_s: float) -> None:
+        self.settings, self.topic, self.limit = settings, topic, int(limit or 0)
+        self.start = {int(p): int(o) for p, o in start.items()}
+        self.offsets = None if offsets is None else {int(p): int(o) for p, o in offsets.items()}
+        self.timeout_s = float(timeout_s)
+        self._available = -1
+        self._grew_at = time.monotonic()
+        self._next_poll = 0.0
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the run has an end at all (`--limit`)."""
+        return self.limit > 0
+
+    def events_target(self) -> int | None:
+        """Records between the start and the end (events), None while unknown or unbounded."""
+        return None if self.offsets is None else sum(o - self.start.get(p, 0) for p, o in self.offsets.items())
+
+    def poll(self, force: bool = True) -> bool:
+        """Look at the topic (at most every `POLL_INTERVAL_S` unless `force`) and fix the end once
+        it holds `limit` records past the start; True when the end is known.
+
+        Raises:
+            JobError: the end is still unknown and no record arrived for `timeout_s` seconds.
+            StackError: Kafka unreachable.
+        """
+        if self.offsets is not None or not self.bounded:
+            return self.offsets is not None
+        now = time.monotonic()
+        if not force and now < self._next_poll:
+            return False
+        self._next_poll = now + self.POLL_INTERVAL_S
+        end = _kafka_offsets(self.settings, self.topic)[1]
+        available = sum(max(0, o - self.start.get(p, 0)) for p, o in end.items())
+        if available >= self.limit:
+            self.offsets = end
+            log.info("topic %s holds %d records past the run's start (limit %d): the run's input ends at %s", self.topic,
+                     available, self.limit, {p: o for p, o in sorted(end.items())}, extra=STEP)
+            return True
+        if available > self._available:
+            log.info("topic %s holds %d of the run's %d records; reading them as they arrive", self.topic, available, self.limit,
+                     extra=STEP if self._available < 0 else None)
+            self._available, self._grew_at = available, now
+        elif now - self._grew_at > self.timeout_s:
+            raise JobError(f"topic {self.topic!r} holds {available} records past the run's start, fewer than the limit "
+                           f"{self.limit}, and none arrived for {self.timeout_s:.0f} s; was the replay run?")
+        return False
 
 
 def send_end_of_input(settings: Settings, topic: str, run_id: str) -> dict[int, int]:
@@ -271,11 +347,17 @@ def save_job_record(
     """Write the run's job record atomically (see `JOB_RECORD_FILE`); returns its path.
 
     `segments` are the run's queries in order (`first_segment`; a switch appends one); None
-    keeps the record's current segments (or makes the first one for a new record).
+    keeps the record's current segments (or makes the first one for a new record). A bounded
+    run's input end (`config.end_offsets`), once in the record, is kept when `config` has none
+    (`InputEnd` fixes it while the query runs).
     """
     path = run_dir / JOB_RECORD_FILE
     if segments is None:
         segments = load_segments(run_dir) if path.exists() else [first_segment(config, start)]
+    if config.end_offsets is None and path.exists():  # a bounded run's end, once fixed (`InputEnd`), stays
+        known = json.loads(path.read_text())["config"].get("end_offsets")
+        if known is not None:
+            config = replace(config, end_offsets={int(p): int(o) for p, o in known.items()})
     record = {"config": asdict(config), "start_offsets": {str(p): o for p, o in sorted(start.items())}, "replay": replay,
               "segments": segments}
     partial = path.with_suffix(".tmp")
@@ -473,6 +555,7 @@ def run_flight_delays(
     resume: bool = False,
     driver_log: bool = False,
     progress: bool = False,
+    wait_for_input: bool = False,
 ) -> dict[str, Any]:
     """Run the flight delay job, or resume a crashed run, and return its summary (also written
     to summary.json).
@@ -484,7 +567,8 @@ def run_flight_delays(
         starting: `replay` (default: where the last replay into the topic began), `earliest` or
             `latest`; resolved to concrete offsets at start and recorded.
         spark: an existing session (tests); by default one is built with the connector jars.
-        wait_timeout_s: how long a bounded run waits for `limit` records to be in the topic.
+        wait_timeout_s: seconds a bounded run goes on without a new record in the topic while the
+            topic holds fewer than `limit` records past its start (then JobError).
         resume: continue run `config.run_id` from its checkpoint after its driver died: Spark
             replays the batch that was running (same offsets, same watermark), the sink's
             ledger and side-output transactions make that replay count and send nothing twice,
@@ -495,13 +579,23 @@ def run_flight_delays(
             need no folder). The run record's `log_path` names the driver log in use, if any.
         progress: show a progress bar on stderr of the events accounted for (in windows, late,
             dead letters) against the events a bounded run reads (`keyshift.console.EventsBar`).
+        wait_for_input: a bounded run starts its query only once the topic holds `limit` records
+            past its start (a backfill read in full batches); by default it starts at once and
+            reads records as they arrive (`InputEnd`).
+
+    Stopping: SIGTERM or Ctrl-C (SIGINT) stops the run at the next batch boundary with its
+    summary (state `stopped`); a second Ctrl-C stops at once, like a crash (`StopSignals`). Either
+    way `--resume` continues it exactly.
 
     Returns:
         The summary dict (see `build_summary`).
 
     Raises:
-        JobError: the query failed, stalled for `config.idle_timeout_s`, or the counts do not
-            reconcile (events read != Σ window counts + late + dead letters + pending).
+        JobError: the query failed, stalled for `config.idle_timeout_s`, the counts do not
+            reconcile (events read != Σ window counts + late + dead letters + pending), a bounded
+            run's topic stopped growing short of `limit` records, or a stop came before the query
+            started (`wait_for_input`).
+        KeyboardInterrupt: a second Ctrl-C (the run stopped at once; resume it).
         ConfigurationError: a new run whose `runs/<run_id>/checkpoint` already exists (resume it
             instead), a resume of a run without checkpoint or job record, or a strategy the job
             cannot place with (`JOB_STRATEGIES`).
@@ -533,24 +627,31 @@ def run_flight_delays(
                    log_path=runlog.active())
     if resume:
         resumes = recorder.count_resume()
+        recorder.attempt = resumes
         log.info("run %s: resuming from its checkpoint (resume %d)", config.run_id, resumes, extra=STEP)
-    stop_requested = threading.Event()
-    previous_handlers = _install_stop_handlers(stop_requested)
+    stop_signals = StopSignals(config.run_id)
+    stop_requested = stop_signals.event
+    stop_signals.install()
     bar = EventsBar(f"job {config.run_id}", enabled=progress)
     try:
         if not resume:
             replay = recorder.replay_record(config.topic)  # read now: a later replay overwrites it
             start = concrete_offsets(settings, config.topic, starting_offsets(replay, config.topic, starting))
-            if config.limit:
-                config = replace(config, end_offsets=_wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s))
+            if config.limit and wait_for_input:
+                config = replace(config, end_offsets=_wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s,
+                                                                       stop_requested, config.run_id))
+            elif config.limit:
+                end = InputEnd(settings, config.topic, config.limit, start, None, wait_timeout_s)
+                end.poll()
+                config = replace(config, end_offsets=end.offsets)
             if config.strategy in LEARNED_STRATEGIES:
                 config = _with_learned_assignment(settings, config)
             if config.max_stateful_partitions is None:
                 config = _with_default_stateful_partitions(config, spark, settings.spark_master)
             save_job_record(run_dir, config, start, replay)
-        target = config.end_offsets if config.limit else None
-        events_target = sum(o - start.get(p, 0) for p, o in target.items()) if target else None
-        recorder.on_progress = lambda record: bar({**record, "events_target": events_target})
+        input_end = InputEnd(settings, config.topic, config.limit, start, config.end_offsets if config.limit else None,
+                             wait_timeout_s)
+        recorder.on_progress = lambda record: bar({**record, "events_target": input_end.events_target()})
         ensure_side_output_topics(settings, config.partitions, config.spec.topics)
         own_session = spark is None
         archive = None
@@ -560,15 +661,17 @@ def run_flight_delays(
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
             start_python_workers(spark)  # meanwhile the driver sets up the query; batch 0 then finds them started
+        stop_signals.install()  # again: making the SparkContext installed pyspark's SIGINT handler (it cancels every job)
         sampler = ResourceSampler(driver_jvm_pid(spark))
         sampler.start()
         task_times = TaskTimeRecorder(spark, run_dir)
         task_times.start()
         side_outputs = TransactionalSideOutputs(settings.bootstrap_servers, config.run_id, client_options(settings))
         started = time.monotonic()
-        bar.start(events_target)
+        recorder.attempt_started_at = time.time()
+        bar.start(input_end.events_target())
         try:
-            segments, watch, sink = _run_segments(spark, settings, config, run_dir, recorder, target, stop_requested, side_outputs,
+            segments, watch, sink = _run_segments(spark, settings, config, run_dir, recorder, input_end, stop_requested, side_outputs,
                                                   task_times)
             if watch.get("outcome") == "done":
                 bar.finish()
@@ -589,8 +692,9 @@ def run_flight_delays(
         _, consumed = committed_batches(checkpoint, config.topic)
         consumed = consumed or segment_start(last)
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
-        config = segment_config(config, last)
+        config = replace(segment_config(config, last), end_offsets=input_end.offsets)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
+        summary.update(_attempts_summary(recorder, summary["events_read"], wall_seconds))
         summary.update(_task_time_summary(task_times.times, config.partitions, config.stateful_partitions, config.source_tasks))
         summary["stateful_partitions"] = config.stateful_partitions
         summary["source_tasks"] = config.source_tasks
@@ -601,6 +705,7 @@ def run_flight_delays(
         summary["resumes"] = recorder.resumes()
         summary["segments"] = len(segments)
         summary["switches"] = [s["switch_id"] for s in segments if s.get("switch_id")]
+        summary["outcome"] = watch.get("outcome")  # done: drained to its end; stopped: SIGTERM or Ctrl-C
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
@@ -608,17 +713,17 @@ def run_flight_delays(
                 f"windows {summary['sum_window_counts']} + late {summary['late_events']} + dead letters {summary['dead_letters']}"
                 f" + filtered {summary['filtered_events']} + pending {summary['pending_events']}"
             )
-        recorder.finish(summary, state="succeeded" if config.limit else "stopped")
+        recorder.finish(summary, state="succeeded" if watch.get("outcome") == "done" else "stopped")
         return summary
     except BaseException as exc:
         recorder.fail(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         bar.close()
-        _restore_stop_handlers(previous_handlers)
+        stop_signals.restore()
 
 
-def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_dir: Path, recorder: RunRecorder, target,
+def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_dir: Path, recorder: RunRecorder, input_end: InputEnd,
                   stop_requested, side_outputs: TransactionalSideOutputs, task_times: TaskTimeRecorder):
     """Run the run's segments: the last one's query, then, whenever a switch is asked for, cut,
     migrate and go on with the next (`keyshift.migration`), until the run is done or stopped.
@@ -690,7 +795,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.watermark_policy.spark_delay_ms,
                                              seg_config.window_ms, slot_tokens(seg_config.partitions, seg_config.stateful_partitions),
                                              int(segment.get("watermark_floor_ms") or 0))
-        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, int(segment["batch_base"]), config.partition_idle_timeout_s)
+        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, int(segment["batch_base"]), config.partition_idle_timeout_s,
+                                        lambda: input_end.offsets)
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
         task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions, seg_config.stateful_partitions,
                           seg_config.source_tasks)
@@ -717,12 +823,14 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                 except InjectedFailure as exc:
                     raise JobError(f"the new query failed: {exc}") from exc
             _hold_new_query_batch(sink, segment, switching)
-            watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
-                           switching, finish_switch)
+            watch = _watch(query, sink, recorder, settings, seg_config, input_end, stop_requested, checkpoint, segment, control, watch,
+                           switching, finish_switch, lambda: save_job_record(run_dir, replace(config, end_offsets=input_end.offsets),
+                                                                             start, replay))
             while (spec.key_windows or config.exchange == "global_merge") and watch.get("outcome") == "switch":  # refused; goes on
                 _refuse_switch(control, watch.pop("switch_record"), spec.name, config.exchange)
-                watch = _watch(query, sink, recorder, settings, seg_config, target, stop_requested, checkpoint, segment, control, watch,
-                               None, None)
+                watch = _watch(query, sink, recorder, settings, seg_config, input_end, stop_requested, checkpoint, segment, control,
+                               watch, None, None, lambda: save_job_record(run_dir, replace(config, end_offsets=input_end.offsets),
+                                                                          start, replay))
         except JobError as exc:
             sink.close_barrier()  # nothing more of this query reaches the outputs
             query.stop()
@@ -843,6 +951,8 @@ def _publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, confi
             {
                 "run_id": config.run_id,
                 "batch_id": base + batch_id,
+                "attempt": recorder.attempt,
+                "written_at": round(time.time(), 3),
                 "segment": segment["index"],
                 "epoch": config.epoch,
                 "strategy": config.strategy,
@@ -867,9 +977,9 @@ def _publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, confi
 
 
 def _watch(
-    query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, target,
+    query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, input_end: InputEnd,
     stop_requested, checkpoint: Path, segment: dict[str, Any], control, state: dict[str, Any] | None,
-    switching: dict[str, Any] | None, finish_switch,
+    switching: dict[str, Any] | None, finish_switch, save_end,
 ) -> dict[str, Any]:
     """Follow the query batch by batch, publish progress, and decide when a run is done.
 
@@ -878,15 +988,18 @@ def _watch(
     Progress records carry run-wide batch ids (the segment's `batch_base` + the query's id).
     Returns the watch state with `outcome`: `done`, `stopped`, or `switch` (with the request in
     `switch_record`) when a switch of this run is asked for in Redis. `switching`: a switch
-    whose new query this is; `finish_switch(record)` verifies it after the first commit.
+    whose new query this is; `finish_switch(record)` verifies it after the first commit. A
+    bounded run whose input end is not known yet polls the topic for it (`InputEnd.poll`) and
+    `save_end()` records it in the job record once found.
     """
     base = int(segment["batch_base"])
     committed, consumed = committed_batches(checkpoint, config.topic)
     consumed = consumed or segment_start(segment)
     seen: set[int] = set(committed)
-    if state is None:
+    if state is None:  # this attempt's first query
         state = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
         state["batches"] = len(sink.ledger.batches())
+        recorder.start_attempt(recorder.attempt_started_at or time.time(), sink.counters.processed_events)
     state["outcome"] = None
     if state["markers_end"] is not None and _covers(segment_start(segment), state["markers_end"]):
         # a switch cut the run after the batch that read its end-of-input markers, before the
@@ -902,7 +1015,7 @@ def _watch(
         state["markers_end"] = None
     state["seen"] = seen
     state["consumed"] = consumed
-    _hold_markers_batch(sink, segment, config, target, checkpoint)
+    _hold_markers_batch(sink, segment, config, input_end.offsets, checkpoint)
     last_activity = time.monotonic()
     next_poll = 0.0
     if switching is not None and committed:
@@ -918,6 +1031,10 @@ def _watch(
             if switching is not None:
                 finish_switch(switching)
                 switching = None
+        if input_end.bounded and input_end.offsets is None and input_end.poll(force=False):
+            save_end()
+            last_activity = time.monotonic()
+        target = input_end.offsets
         if target is not None:
             # The markers go out as soon as a planned batch leaves no more of the input than the
             # next batch takes beside them, while that batch still runs: they land past every
@@ -1185,6 +1302,30 @@ def build_summary(
     return summary
 
 
+def _attempts_summary(recorder: RunRecorder, events_read: int, seconds: float) -> dict[str, Any]:
+    """The summary's speed over the whole run and per attempt (`keyshift.runs.attempt_figures`).
+
+    `attempts`: each attempt's own events, seconds and events/s; `wall_seconds` and
+    `events_per_second`: the run's events over its whole processing time (the attempts' seconds
+    summed), so a resumed run reports what it achieved, not all its events over the last
+    attempt's seconds; `attempt_events_per_second`: this attempt's own rate. A run never resumed
+    has one attempt and the same figures as before attempts were recorded.
+
+    Args:
+        recorder: the run's recorder (its folder's `attempts.jsonl` and `progress.jsonl`).
+        events_read: the run's events (all attempts).
+        seconds: this attempt's processing seconds (Spark up to its last batch).
+    """
+    attempts = attempt_figures(read_jsonl(recorder.attempts_path), read_jsonl(recorder.progress_path),
+                               {"attempt": recorder.attempt, "events": events_read, "seconds": seconds})
+    if not attempts:  # the query never started a batch in this attempt
+        return {"attempts": []}
+    total = sum(a["seconds"] for a in attempts)
+    return {"attempts": attempts, "wall_seconds": round(total, 3),
+            "events_per_second": round(events_read / total, 1) if total > 0 else None,
+            "attempt_events_per_second": attempts[-1]["events_per_second"]}
+
+
 def _key_window_summary(config: FlightDelayJobConfig, sink: KeyWindowSink) -> dict[str, Any]:
     """A key-window run's own figures: the slide (ms), updates emitted, events retired (the
     ledger's `sum_window_counts`), and the rows Spark's native sliding-window aggregation gives for
@@ -1206,13 +1347,54 @@ def _key_window_summary(config: FlightDelayJobConfig, sink: KeyWindowSink) -> di
     }
 
 
-def _install_stop_handlers(event: threading.Event):
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    handler = lambda signum, frame: event.set()  # noqa: E731
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+class StopSignals:
+    """How a run's driver answers SIGTERM and Ctrl-C (SIGINT): stop at the next batch boundary.
 
+    The first SIGTERM or SIGINT sets `event`; the run's watch loop then stops the query at a batch
+    boundary and writes the summary (state `stopped`, exit status 0), as Spark's
+    `StreamingQuery.stop` after a completed batch would. A second SIGINT stops at once, saying so:
+    it raises KeyboardInterrupt in the main thread, the process ends like a crash and `--resume`
+    continues the run exactly (the checkpoint, ledger and side-output transactions hold). A
+    second SIGTERM changes nothing (a supervisor repeating its request).
 
-def _restore_stop_handlers(previous) -> None:
-    for sig, handler in (previous or {}).items():
-        signal.signal(sig, handler)
+    pyspark installs a SIGINT handler of its own whenever a SparkContext is made (it cancels every
+    running job: the batch in flight fails mid-way), so `install` is called again right after the
+    session is built; the driver JVM runs in its own process group, so a terminal's Ctrl-C reaches
+    this process only (`keyshift.processing.session.build_spark_session`). Handlers can only be
+    set from the main thread: elsewhere (a test's thread) `install` does nothing.
+
+    Args:
+        run_id: named in the log lines.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.event = threading.Event()
+        self._previous: dict[int, Any] | None = None
+
+    def install(self) -> None:
+        """Make this object the SIGTERM and SIGINT handler (again); the first call remembers the
+        handlers it replaces, for `restore`."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if self._previous is None:
+            self._previous = previous
+
+    def restore(self) -> None:
+        """Put back the handlers `install` replaced first."""
+        for sig, handler in (self._previous or {}).items():
+            signal.signal(sig, handler)
+        self._previous = None
+
+    def _handle(self, signum: int, frame) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if not self.event.is_set():
+            self.event.set()
+            log.warning("run %s: %s: stopping at the next batch boundary (the summary follows)%s", self.run_id, name,
+                        "; Ctrl-C again stops at once" if signum == signal.SIGINT else "")
+            return
+        if signum == signal.SIGINT:
+            log.warning("run %s: Ctrl-C again: stopping at once, without a summary; continue the run with "
+                        "`keyshift job run --resume %s`", self.run_id, self.run_id)
+            raise KeyboardInterrupt

@@ -288,6 +288,15 @@ class IngestContext:
         a clocks folder or outside a streaming query."""
         return clocks_for_task(self.clocks_dir, self.batch_base) if self.clocks_dir is not None else None
 
+    def input_end(self) -> Mapping[int, int] | None:
+        """The run's input end for the running batch: the one fixed in its partition clocks
+        (`PartitionClocks.end_offsets`: a bounded run on a live feed learns its end while it
+        runs), else `end_offsets`; None keeps every record."""
+        found = self.partition_clocks()
+        if found is not None and found[1].end_offsets is not None:
+            return found[1].end_offsets
+        return self.end_offsets
+
     def partition_reference(self, partition: int) -> BatchReference:
         """The plausibility reference of a chunk of Kafka partition `partition`: W = its own
         clock - `bound_ms` (0 before its first event: the chunk's medians judge), and the batch's
@@ -405,7 +414,7 @@ class RecordIngest:
                         and offsets[i] >= floor.get(int(partitions[i]), 0):
                     own_marker[i] = True
                     markers.append(Marker(int(partitions[i]), int(offsets[i]), int(marker[1])))
-        keep = keep_own_records(partitions, offsets, is_control, own_marker, self.context.end_offsets) & ~is_control
+        keep = keep_own_records(partitions, offsets, is_control, own_marker, self.context.input_end()) & ~is_control
         if not keep.all():
             rows = pa.array(keep)
             values, keys, text = values.filter(rows), keys.filter(rows), text.filter(rows)

@@ -131,7 +131,7 @@ def build_spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):  # nothing outside this host needs a local driver: its ports and UI on loopback
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if output is not None and _start_jvm_writing_to(output, app_name, master, conf):
+    if _start_jvm(output, app_name, master, conf):
         builder = SparkSession.builder  # the SparkContext made there holds every setting
     else:
         builder = SparkSession.builder.appName(app_name)
@@ -148,14 +148,24 @@ def build_spark_session(
     return spark
 
 
-def _start_jvm_writing_to(output: Path, app_name: str, master: str, conf: dict[str, str]) -> bool:
-    """Start the driver JVM with its stderr appended to `output` and its stdout on this process's
-    stderr, log4j configured by `keyshift.runlog.LOG4J2_CONFIG`, and make the SparkContext with
-    `conf` on it. Returns False (nothing started) when a JVM exists already.
+def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, str]) -> bool:
+    """Start the driver JVM in a session (process group) of its own and make the SparkContext
+    with `conf` on it. Returns False (nothing started) when a JVM exists already (under
+    spark-submit, or after an earlier session in this process).
 
-    pyspark's `launch_gateway(popen_kwargs=...)` is the documented way to capture the JVM's
-    output; the JVM's Python workers inherit nothing from this process's streams, since Spark
-    copies their output into the JVM's stderr.
+    Its own process group keeps a terminal's Ctrl-C, which goes to every process of the
+    foreground group, from the JVM's Python workers: pyspark's workers restore Python's default
+    SIGINT handler, so a Ctrl-C reaching them fails the running tasks and the batch with them.
+    With the JVM apart, only this process sees the Ctrl-C and stops the run at a batch boundary
+    (`keyshift.processing.driver.StopSignals`). The JVM still ends with this process: it exits
+    when its stdin, a pipe from this process, closes (pyspark's gateway contract).
+
+    With `output`, the JVM's stderr is appended to `output` and its stdout goes to this process's
+    stderr, log4j configured by `keyshift.runlog.LOG4J2_CONFIG`; without, it writes to this
+    process's stdout and stderr with Spark's log4j defaults. pyspark's
+    `launch_gateway(popen_kwargs=...)` is the documented way to set how the JVM is spawned; the
+    JVM's Python workers inherit nothing from this process's streams, since Spark copies their
+    output into the JVM's stderr.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.errors import PySparkRuntimeError
@@ -168,15 +178,24 @@ def _start_jvm_writing_to(output: Path, app_name: str, master: str, conf: dict[s
         log.info("the driver JVM runs already; its output goes where it went (not to %s)", output)
         return False
     settings = dict(conf)
+    if output is None:
+        spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
+        try:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"start_new_session": True})
+        except PySparkRuntimeError as exc:
+            raise StackError(f"the Spark driver JVM exited while starting ({exc}); its output is above") from exc
+        SparkContext(conf=spark_conf, gateway=gateway)
+        log.info("driver JVM pid %d (its own process group)", gateway.proc.pid)
+        return True
     java_options = settings.get("spark.driver.extraJavaOptions", "")
     settings["spark.driver.extraJavaOptions"] = f"{java_options} {runlog.jvm_options()}".strip()
     spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("ab") as jvm_stderr:
         try:
-            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": 2, "stderr": jvm_stderr})
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": 2, "stderr": jvm_stderr, "start_new_session": True})
         except PySparkRuntimeError as exc:
             raise StackError(f"the Spark driver JVM exited while starting ({exc}); its output is in {output}") from exc
     SparkContext(conf=spark_conf, gateway=gateway)
-    log.info("driver JVM pid %d: its output goes to %s", gateway.proc.pid, output)
+    log.info("driver JVM pid %d (its own process group): its output goes to %s", gateway.proc.pid, output)
     return True

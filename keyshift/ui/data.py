@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from keyshift.monitoring.balance import balance_degree, max_over_mean
+from keyshift.runs import read_jsonl  # noqa: F401 (the keyshift page reads run files through this module)
 
 log = logging.getLogger(__name__)
 
@@ -41,26 +42,6 @@ def read_json(path: Path) -> Any:
     except (OSError, ValueError) as exc:
         log.warning("could not read %s: %s", path, exc)
         return None
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file, in file order; [] when it is missing.
-
-    A line that is not valid JSON (a record being written) is skipped.
-    """
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            records.append(value)
-    return records
 
 
 @dataclass(frozen=True)
