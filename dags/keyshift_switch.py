@@ -18,7 +18,9 @@ conf adds `strategy_from` and `partitions_from` (what it saw in force), `expecte
    step is logged as it completes; the switch record is `keyshift:switch:run:<run_id>:record`
    (history `...:history`; `keyshift switch --run RUN_ID --history` prints it). The task fails
    with the record's error when the switch fails or rolls back (the run then goes on under the
-   old assignment).
+   old assignment). It is skipped, not failed, when the run is alive but has not started its
+   query yet (its driver is starting, or a bounded run waits for its `--limit` records): the
+   log says so, nothing was switched, and the monitor asks again at its next evaluation.
 
 All logic lives in `keyshift.orchestration.monitor` and `keyshift.orchestration.switching`; this
 file only wires tasks and does nothing at import.

@@ -31,3 +31,16 @@ class JobError(KeyshiftError):
 class QualityError(KeyshiftError):
     """A run's outputs failed a data quality check (a Great Expectations suite), or could not be
     read to check them; the message names each failed expectation and a sample of its rows."""
+
+
+class SwitchNotReady(JobError):
+    """A switch was asked of a run that is alive but has not started its query yet (its driver is
+    starting, or a bounded run with `--wait-for-input` waits for its `--limit` records), so there
+    is nothing to cut. Nothing was switched and nothing was written; ask again once the query runs.
+
+    A JobError, not a ConfigurationError: the request is valid and the run exists, it is the run's
+    state that is not ready, as for a switch lock held by another switch (also a JobError);
+    ConfigurationError means "fix the request", which a retry would not. Callers that handle
+    JobError as "this switch did not happen" stay right; those that care catch this first:
+    `keyshift switch` exits 75 (EX_TEMPFAIL), the `keyshift_switch` DAG's task is skipped.
+    """

@@ -6,6 +6,8 @@
 
 Prints one line per step as the driver carries it out (seconds since the request, switch, state,
 step), then the pause, the state moved and the moved share against the minimum. Exits 1 with `error: ...` if the switch fails or rolls back.
+Exits `EXIT_NOT_READY` (75) with `error: run … has not started its query yet …` when the run is
+alive but its query has not started (nothing was switched; ask again later).
 """
 
 from __future__ import annotations
@@ -14,6 +16,17 @@ import json
 import time
 
 import click
+
+EXIT_NOT_READY = 75
+"""Exit status of `keyshift switch` when the run has not started its query yet (sysexits.h's
+EX_TEMPFAIL: a temporary failure, the same request may succeed later); nothing was switched."""
+
+
+class NotReady(click.ClickException):
+    """`keyshift.errors.SwitchNotReady` as the command's outcome: `error: <its message>` on stderr
+    (`keyshift.cli.main` prints a ClickException so) and exit status `EXIT_NOT_READY`."""
+
+    exit_code = EXIT_NOT_READY
 
 
 def _describe(record: dict) -> str:
@@ -37,7 +50,14 @@ def _describe(record: dict) -> str:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True, help="Seconds to wait for it.")
 @click.option("--history", is_flag=True, help="Print the run's switches (JSON lines, newest first) and exit.")
 def command(run_id: str, strategy: str | None, partitions: int | None, reason: str, timeout_s: float, history: bool) -> None:
-    """Switch run RUN_ID's placement with its state migrated, exactly once (or finish one)."""
+    """Switch run RUN_ID's placement with its state migrated, exactly once (or finish one).
+
+    Exit status: 0 switched; 1 the switch failed, rolled back or was refused (an unknown or
+    ended run, another switch under way); 75 (EX_TEMPFAIL) the run is alive but has not started
+    its query yet (starting, or a bounded run waiting for its --limit records): nothing was
+    switched, run the command again once its query runs.
+    """
+    from keyshift.errors import SwitchNotReady
     from keyshift.migration.switch import SwitchControl, request_switch
     from keyshift.settings import Settings
 
@@ -52,5 +72,8 @@ def command(run_id: str, strategy: str | None, partitions: int | None, reason: s
     def show(record: dict) -> None:
         click.echo(f"  {time.monotonic() - started:6.1f} s  {record['switch_id']}: {record.get('state')} at step {record.get('step')}")
 
-    record = request_switch(settings, run_id, strategy, partitions, reason=reason, wait_timeout_s=timeout_s, on_update=show)
+    try:
+        record = request_switch(settings, run_id, strategy, partitions, reason=reason, wait_timeout_s=timeout_s, on_update=show)
+    except SwitchNotReady as exc:
+        raise NotReady(str(exc)) from exc
     click.echo(_describe(record))

@@ -33,7 +33,9 @@ redoes the switch from the old checkpoint at rest. A driver that dies after it r
 segment (the saved initial state is handed again until its first commit) and finishes publish
 and verify. A new query that fails before its first commit rolls back: the segment is removed,
 the old assignment republished as a newer epoch, and the old query resumes. Two switches of
-one run never overlap: a Redis lock, and a second request gets a clear error.
+one run never overlap: a Redis lock, and a second request gets a clear error. A run that is alive
+but has not started its query yet (no job record) is refused before the lock, nothing written
+(`SwitchNotReady`, `refuse_unstarted_run`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import psutil
 import redis
 
 from keyshift import names
-from keyshift.errors import ConfigurationError, JobError, StackError
+from keyshift.errors import ConfigurationError, JobError, StackError, SwitchNotReady
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -206,7 +208,69 @@ def _driver_alive(settings: Settings, run_id: str) -> bool:
         return False
     if record.get("host") not in (None, "", socket.gethostname()):
         return True  # another host's driver: trust its state
-    return psutil.pid_exists(int(pid)) and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    return _pid_alive(pid)
+
+
+def _pid_alive(pid: str | None) -> bool:
+    """Whether `pid` (a run record's text) is a live process of this host, not a zombie."""
+    if not (pid and pid.isdigit()):
+        return False
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:  # another user's: it exists
+        return True
+    except psutil.Error:  # no such process (or it ended meanwhile)
+        return False
+
+
+def refuse_unstarted_run(settings: Settings, run_id: str) -> None:
+    """Raise the right error for a switch of `run_id`, whose `runs/<run_id>/job.json` does not exist.
+
+    The driver writes the job record just before it starts Spark and its query, so a run without
+    one has no query to cut yet (or is no run at all). The rule, from the run's Redis record
+    (`keyshift:run:<run_id>`, `keyshift.runs` and `keyshift.orchestration.launch`): a run whose
+    state is starting, running or restarting with its driver (`pid`) or supervisor
+    (`supervisor_pid`) alive on this host (or recorded on another host: its state is trusted) is
+    alive but not ready; any other is unknown, dead or ended. Reads only; writes nothing.
+
+    Args:
+        settings: the stack (Redis, the runs folder).
+        run_id: the run asked to switch.
+
+    Raises:
+        SwitchNotReady: the run is alive and has not started its query yet (waiting for records,
+            or starting); the message says so and that nothing was switched.
+        ConfigurationError: no such run (no run record either), or a run that ended or whose
+            driver died before it started its query: nothing will ever be there to switch.
+        StackError: Redis unreachable.
+    """
+    from keyshift.names import redis_run_key
+    from keyshift.orchestration.launch import ACTIVE_STATES, read_run_record
+
+    run_dir = settings.runs_dir / run_id
+    record = read_run_record(settings, run_id)
+    if not record:
+        raise ConfigurationError(f"run {run_id!r} is unknown: no job record in {run_dir} and no run record {redis_run_key(run_id)} "
+                                 "in Redis; name a run of a keyshift job (`keyshift job run`, the keyshift_pipeline DAG)")
+    state, pid, topic = record.get("state"), record.get("pid"), record.get("topic") or "?"
+    elsewhere = record.get("host") not in (None, "", socket.gethostname())
+    alive = elsewhere or _pid_alive(pid) or _pid_alive(record.get("supervisor_pid"))
+    if state in ACTIVE_STATES and alive:
+        if state == "running":
+            doing = (f"its driver{f' (pid {pid})' if pid else ''} is waiting for records in topic {topic!r} or still preparing its "
+                     "query; a bounded run with --wait-for-input starts it once the topic holds its --limit records")
+        elif state == "restarting":
+            doing = "its supervisor is restarting its driver"
+        else:
+            doing = "its driver is starting"
+        raise SwitchNotReady(f"run {run_id} has not started its query yet: {doing}; nothing was switched; retry when its query "
+                             "runs (the balance monitor asks again at its next evaluation)")
+    if state in ACTIVE_STATES:
+        raise ConfigurationError(f"run {run_id} never started its query (no job record in {run_dir}) and its driver{f' (pid {pid})' if pid else ''} "
+                                 f"is gone though its record says {state!r}; nothing to switch: start a new run")
+    error = f": {record['error'][:300]}" if record.get("error") else ""
+    raise ConfigurationError(f"run {run_id} ended (state {state!r}{error}) before it started its query (no job record in {run_dir}); "
+                             "nothing to switch: start a new run")
 
 
 def add_partitions(settings: Settings, topic: str, partitions: int) -> int:
@@ -272,7 +336,11 @@ def request_switch(
         The finished switch record (state done, or rolled_back with the reason).
 
     Raises:
-        ConfigurationError: unknown run or strategy, P < 1, or a run of a key-window job
+        SwitchNotReady: the run is alive but has not started its query yet (no `job.json`: its
+            driver is starting, or waits for its `--limit` records); checked before the lock is
+            taken, so nothing is written to Redis (`refuse_unstarted_run`). A JobError.
+        ConfigurationError: unknown strategy, P < 1, an unknown run or one that ended or died
+            before it started its query, or a run of a key-window job
             (`JobSpec.window == "key_windows"`: no switch for those yet). JobError: another switch holds the
             lock, or the switch failed or timed out (the record says at which step).
         StackError: Redis or Kafka unreachable.
@@ -287,7 +355,7 @@ def request_switch(
         raise ConfigurationError(f"partitions must be >= 1, got {partitions}")
     run_dir = settings.runs_dir / run_id
     if not (run_dir / "job.json").exists():
-        raise ConfigurationError(f"run {run_id!r} has no job record in {run_dir}; is it a started run of a keyshift job?")
+        refuse_unstarted_run(settings, run_id)  # always raises: not ready yet, or no run to switch
     job = json.loads((run_dir / "job.json").read_text())["config"].get("job", "flight_delays")
     if job_spec(job).key_windows:
         raise ConfigurationError(f"run {run_id!r} runs job {job}, which computes key windows: switching a key-window job is not "

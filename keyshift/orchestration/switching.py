@@ -4,7 +4,10 @@
 the running job run; `carry_out` hands it to `keyshift.migration.switch.request_switch`, which
 plans the new assignment, writes the switch record in Redis and waits while the run's driver
 cuts, migrates, publishes and verifies. Each step is logged as the record reaches it, so the
-Airflow task log reads as the switch's timeline. Nothing here connects to anything at import.
+Airflow task log reads as the switch's timeline. A run that has not started its query yet
+(`keyshift.errors.SwitchNotReady`) skips the task rather than failing it: nothing was switched,
+and the balance monitor asks again at its next evaluation. Nothing here connects to anything at
+import.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from keyshift.errors import JobError
+from keyshift.errors import JobError, SwitchNotReady
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,9 @@ def carry_out(settings: Settings, request: Mapping[str, Any], *, wait_timeout_s:
         The finished switch record's `RESULT_FIELDS` (state `done`).
 
     Raises:
+        airflow.sdk.exceptions.AirflowSkipException: the run is alive but has not started its
+            query yet (`SwitchNotReady` from `request_switch`, its message kept, the error
+            chained): nothing was switched or written, so the task is skipped, not failed.
         JobError: the switch failed or rolled back (the record's error and step), timed out, or
             its driver died; or another switch of the run holds the lock.
         ConfigurationError, StackError: from `request_switch`.
@@ -56,8 +62,14 @@ def carry_out(settings: Settings, request: Mapping[str, Any], *, wait_timeout_s:
         log.info("switch %s of run %s: %s at step %s%s (epoch %s -> %s)", record["switch_id"], run_id, record.get("state"),
                  record.get("step"), f" ({seconds} s)" if seconds is not None else "", record.get("epoch_from"), record.get("epoch_to"))
 
-    record = request_switch(settings, run_id, request["strategy"], None if keep_p else int(partitions), reason=request["reason"],
-                            wait_timeout_s=wait_timeout_s, on_update=on_update)
+    try:
+        record = request_switch(settings, run_id, request["strategy"], None if keep_p else int(partitions), reason=request["reason"],
+                                wait_timeout_s=wait_timeout_s, on_update=on_update)
+    except SwitchNotReady as exc:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        log.warning("switch of run %s not carried out: %s", run_id, exc)
+        raise AirflowSkipException(str(exc)) from exc
     if record.get("state") != "done":
         raise JobError(f"switch {record.get('switch_id')} of run {run_id} {record.get('state')} at step {record.get('step')}: "
                        f"{record.get('error')}")
