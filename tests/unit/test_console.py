@@ -52,8 +52,9 @@ def demo_summary(**changes) -> dict:
         reference={"equal": True, "windows": 3049, "reference_windows": 3049, "only_ours": 0, "only_reference": 0,
                    "field_mismatches": 0},
         global_mode={"run_id": "fd-1-global", "late_events": 1234, "events_read": 20_000, "reconciled": True},
-        builtin={"events_per_second": 1172.8, "throughput_ratio": 2.0, "comparison": {"equal": True, "only_ours": 0,
-                                                                                      "only_builtin": 0, "field_mismatches": 0}},
+        builtin={"events_per_second": 1172.8, "throughput_ratio": 2.0, "keyshift_events_per_second": 2345.6,
+                 "basis": "both warm: same driver JVM, after the demo's first run; keyshift: run fd-1-global",
+                 "comparison": {"equal": True, "ours": 3049, "only_ours": 0, "only_builtin": 0, "field_mismatches": 0}},
     )
     return job_summary(**{**checks, **changes})
 
@@ -81,7 +82,8 @@ def test_demo_summary_rows_add_the_checks():
     assert table["quality"] == "passed: 20 expectations on 3,049 rows"
     assert table["vs pandas"] == "equal: 3,049 windows"
     assert table["global mode"] == "1,234 late events with the same bound (against 0 with key watermarks; run fd-1-global)"
-    assert table["Spark built-in"] == "equal windows; 1,173 events/s (keyshift 2.00x)"
+    assert table["Spark built-in"] == ("equal windows (3,049); built-in 1,173 events/s vs keyshift 2,346 events/s (keyshift 2.00x; "
+                                       "both warm: same driver JVM, after the demo's first run; keyshift: run fd-1-global)")
     assert table["outputs"] == "runs/fd-1/: summary.json, driver.log, windows/, data_docs/index.html"
 
 
