@@ -12,7 +12,9 @@ on `topic` since the previous run:
   scored on the sample (balance degree, paper 000 eq. 1; extra compute time, eq. 2; max/mean);
 * **decision**: the `trigger` (paper 000 Table 6 `periodic` / `count` / `threshold`, or our
   `cost_aware` with its switch history in Redis) says stay or switch, with the reason and the
-  expected gain (seconds of makespan saved over `horizon_s`).
+  expected gain (seconds of makespan saved over `horizon_s`; empty = this schedule's period).
+  `cost_aware` counts the measured pause of the topic's last switch, else `cost_s`, else the
+  median pause of the newest measured switches of any run, else a default; its reason names both.
 
 The record goes to Redis (`keyshift:balance:<topic>:latest` and the recent series
 `keyshift:balance:<topic>:series`) and to the Parquet history under
@@ -24,7 +26,7 @@ starts `keyshift_switch` with it as conf; otherwise both are skipped. All logic 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
@@ -35,7 +37,7 @@ from keyshift.orchestration import monitor
 
 @dag(
     dag_id=names.BALANCE_MONITOR_DAG_ID,
-    schedule=timedelta(minutes=10),
+    schedule=monitor.EVALUATION_INTERVAL,  # also the default horizon_s
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,  # each run starts where the previous one's offsets ended
@@ -51,8 +53,11 @@ from keyshift.orchestration import monitor
         "theta": Param(0.6, type="number", minimum=0, maximum=1, description="threshold: balance degree below which to switch."),
         "period_s": Param(3600.0, type="number", exclusiveMinimum=0, description="periodic: seconds between firings."),
         "every_events": Param(1_000_000, type="integer", minimum=1, description="count: events between firings."),
-        "horizon_s": Param(60.0, type="number", exclusiveMinimum=0, description="Seconds over which the expected gain is counted."),
-        "cost_s": Param(5.0, type="number", minimum=0, description="cost_aware: migration cost in seconds until one is measured."),
+        "horizon_s": Param(None, type=["null", "number"], exclusiveMinimum=0,
+                           description=f"Seconds over which the expected gain is counted; empty = the schedule's period ({monitor.EVALUATION_INTERVAL_S:.0f} s)."),
+        "cost_s": Param(None, type=["null", "number"], minimum=0,
+                        description="cost_aware: migration cost in seconds until the topic has a measured switch; empty = the median "
+                                    "pause of the newest measured switches of any run, else a default (see the README)."),
         "margin": Param(0.2, type="number", minimum=0, description="cost_aware: the gain must exceed cost x (1 + margin)."),
         "cooldown_s": Param(300.0, type="number", minimum=0, description="cost_aware: seconds after a switch during which switching back is refused."),
         "sample_fraction": Param(0.1, type="number", exclusiveMinimum=0, maximum=1, description="Share of the read events sampled (seeded); used when sample_every is empty."),

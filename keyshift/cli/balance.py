@@ -67,8 +67,11 @@ def _table(partitions: int, in_force: str, results: list[dict]) -> list[str]:
 @click.option("--theta", type=click.FloatRange(0, 1), default=0.6, help="threshold: balance degree below which to switch.")
 @click.option("--period-s", type=click.FloatRange(min=0, min_open=True), default=60.0, help="periodic: seconds between firings.")
 @click.option("--every-events", type=click.IntRange(min=1), default=None, show_default="the input's events", help="count: events between firings.")
-@click.option("--horizon-s", type=click.FloatRange(min=0, min_open=True), default=60.0, help="Seconds over which the expected gain is counted.")
-@click.option("--cost-s", type=click.FloatRange(min=0), default=5.0, help="cost_aware: migration cost in seconds before one is measured.")
+@click.option("--horizon-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              show_default="the monitor's evaluation interval, 600", help="Seconds over which the expected gain is counted.")
+@click.option("--cost-s", type=click.FloatRange(min=0), default=None,
+              show_default="the median pause of recent measured switches, else 10",
+              help="cost_aware: migration cost in seconds until a switch on the topic is measured.")
 @click.option("--margin", type=click.FloatRange(min=0), default=0.2, help="cost_aware: the gain must exceed cost x (1 + margin).")
 @click.option("--input", "source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, show_default="the cached flights", help="Parquet file with origin/destination columns.")
 @click.option("--candidate", "candidates", multiple=True, show_default="every strategy", help="Strategy to evaluate and possibly recommend (repeat); e.g. only those the job accepts.")
@@ -80,7 +83,7 @@ def _table(partitions: int, in_force: str, results: list[dict]) -> list[str]:
 @click.option("--save/--no-save", default=True, help="Store the result (Parquet history + latest; with --topic also Redis and the offsets).")
 def evaluate(
     key: str, partitions: int | None, in_force: str, sample_fraction: float, seed: int, trigger: str, theta: float, period_s: float,
-    every_events: int | None, horizon_s: float, cost_s: float, margin: float, source: Path | None, candidates: tuple[str, ...],
+    every_events: int | None, horizon_s: float | None, cost_s: float | None, margin: float, source: Path | None, candidates: tuple[str, ...],
     topic: str | None, max_events: int, sample_every: int | None, run_id: str | None, cooldown_s: float, save: bool,
 ) -> None:
     """Sample a topic or the flights, score every strategy on the sample, print the table and the trigger's decision.
@@ -126,7 +129,10 @@ def evaluate(
     for label in candidates:
         variant_by_label(label)
     evaluation = evaluate_sample(sampler.counts, partitions, in_force, **({"labels": candidates} if candidates else {}))
-    options: dict[str, float] = {"horizon_s": horizon_s}
+    from keyshift.monitoring.triggers import DEFAULT_COST_S, horizon_default
+    from keyshift.orchestration.monitor import EVALUATION_INTERVAL_S
+
+    options: dict[str, float] = {"horizon_s": horizon_default(horizon_s, EVALUATION_INTERVAL_S).seconds}
     if trigger == "periodic":
         options["period_s"] = period_s
     elif trigger == "count":
@@ -134,7 +140,7 @@ def evaluate(
     elif trigger == "threshold":
         options["theta"] = theta
     else:
-        options.update(default_cost_s=cost_s, margin=margin, cooldown_s=cooldown_s)
+        options.update(default_cost_s=DEFAULT_COST_S if cost_s is None else cost_s, margin=margin, cooldown_s=cooldown_s)
     chosen = trigger_by_name(trigger, **options)
     if trigger == "periodic":
         chosen.observe(evaluation, 0.0, 0)  # starts the clock; the invocation is the timer firing

@@ -28,10 +28,23 @@ the sampled loads; same events, so max ratio = max/mean ratio), a gain of
 A trigger that fires recommends the best strategy; `Decision.switch` is True only when that
 strategy differs from the one in force. Triggers keep state between calls (last firing, last
 switch); `record_switch` tells them a switch happened (they do not assume their advice is taken).
+
+**Defaults of the scheduled monitor** (`keyshift.orchestration.monitor`; pure rules here, each
+value returned with where it came from, which cost_aware names in every reason):
+
+* horizon (`horizon_default`): `horizon_s` when set, else the monitor's evaluation interval (the
+  `keyshift_balance_monitor` schedule, 600 s): a decision stands until the next evaluation, so
+  the gain it can bring is counted over that period;
+* cost (`migration_cost`): the topic's last measured switch (its pause: stop request to the new
+  query's first commit, which includes moving the state); else `cost_s` when set; else the median
+  pause of the `RECENT_SWITCHES` newest measured switches of any run and topic; else
+  `DEFAULT_COST_S`.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -39,7 +52,126 @@ from keyshift.errors import ConfigurationError
 from keyshift.monitoring.evaluate import Evaluation, StrategyEvaluation
 
 DEFAULT_HORIZON_S = 60.0
-"""Horizon H (seconds) over which the expected gain is counted, unless configured."""
+"""Horizon H (seconds) of a trigger built without one (e.g. offline `keyshift balance evaluate`);
+the scheduled monitor counts over its evaluation interval instead (`horizon_default`)."""
+
+DEFAULT_COST_S = 10.0
+"""Migration cost (seconds) assumed when no switch has been measured anywhere (`migration_cost`).
+
+Measured pauses (stop request to the new query's first commit, in the driver): 3.7-11.4 s,
+median 4.4 s, in the switch bench of 2026-11-25 (`docs/bench/switch.json`); 12.3-14.3 s in the
+switch integration test on a quiet machine and 16.0-39.6 s (median 29.6 s) in the switch bench
+on a loaded one (README, Benchmarks, `keyshift bench switch`); 8-20 s reported in issue 33.
+10 s lies within those ranges and errs towards switching less than the old 5 s did."""
+
+RECENT_SWITCHES = 20
+"""How many measured switches (the newest, of any run and topic) the cost default's median takes (`migration_cost`)."""
+
+
+@dataclass(frozen=True)
+class SourcedSeconds:
+    """A number of seconds a trigger uses, with where it came from (shown in the decision's reason).
+
+    Attributes:
+        seconds: the value, seconds (>= 0).
+        source: what it is, as the reason shows it after "= " (e.g. "the monitor's 10-min schedule",
+            "median pause of 5 measured switches (the newest of any run and topic)").
+    """
+
+    seconds: float
+    source: str
+
+
+@dataclass(frozen=True)
+class MeasuredSwitch:
+    """One switch whose pause was measured (`keyshift.migration.switch` records, `pause_seconds`).
+
+    Attributes:
+        pause_s: the pause, seconds: stop request to the new query's first commit (includes the
+            state's migration); the switch's cost as the cost_aware trigger counts it.
+        switch_id: the switch's id (`sw-<time>-<hex>`), None when unknown.
+        topic: the input topic of the switched run, None when unknown.
+        finished_at_s: when it finished, epoch seconds; None when unknown (counts as the oldest).
+    """
+
+    pause_s: float
+    switch_id: str | None = None
+    topic: str | None = None
+    finished_at_s: float | None = None
+
+
+def schedule_text(interval_s: float) -> str:
+    """A period in seconds as a schedule's name: 600 -> "10-min", 3600 -> "1-h", 90 -> "90-s"."""
+    if interval_s >= 3600 and interval_s % 3600 == 0:
+        return f"{interval_s / 3600:g}-h"
+    if interval_s >= 60 and interval_s % 60 == 0:
+        return f"{interval_s / 60:g}-min"
+    return f"{interval_s:g}-s"
+
+
+def horizon_default(given_s: float | None, interval_s: float) -> SourcedSeconds:
+    """The horizon H of the monitor's triggers, seconds: `given_s` when set, else `interval_s`.
+
+    The monitor decides once per evaluation and its decision stands until the next one, so the
+    makespan a switch can save before the next decision is counted over the evaluation interval
+    (the `keyshift_balance_monitor` schedule's period), not over a fixed minute.
+
+    Args:
+        given_s: `horizon_s` as the user set it (seconds, > 0), or None.
+        interval_s: the monitor's evaluation interval, seconds (> 0).
+
+    Raises:
+        ConfigurationError: the chosen horizon is not > 0.
+    """
+    if given_s is not None:
+        chosen = SourcedSeconds(float(given_s), "horizon_s as set")
+    else:
+        chosen = SourcedSeconds(float(interval_s), f"the monitor's {schedule_text(interval_s)} schedule")
+    if not chosen.seconds > 0:
+        raise ConfigurationError(f"horizon_s must be > 0 seconds, got {chosen.seconds!r} ({chosen.source})")
+    return chosen
+
+
+def migration_cost(
+    given_s: float | None,
+    topic_last: MeasuredSwitch | None,
+    recent: Sequence[MeasuredSwitch],
+    fallback_s: float = DEFAULT_COST_S,
+) -> SourcedSeconds:
+    """The migration cost the cost_aware trigger counts, seconds, and where it came from.
+
+    The first that applies:
+
+    1. `topic_last`: the pause of the topic's last measured switch (the cost of this job's state);
+    2. `given_s`: the cost the user set (`cost_s`: the cost until the topic has a measured switch);
+    3. the median pause of the `RECENT_SWITCHES` newest of `recent` (by `finished_at_s`; switches
+       of any run and topic): the median, so one switch slowed down by a loaded machine or a cold
+       first batch does not set the cost;
+    4. `fallback_s` (`DEFAULT_COST_S`: see there for the measured pauses it stands for).
+
+    Raises:
+        ConfigurationError: a negative `given_s` or `fallback_s`.
+    """
+    if topic_last is not None:
+        which = f"the topic's last measured switch {topic_last.switch_id}" if topic_last.switch_id else "the topic's last measured switch"
+        return SourcedSeconds(float(topic_last.pause_s), f"{which} (its pause)")
+    if given_s is not None:
+        if not given_s >= 0:
+            raise ConfigurationError(f"cost_s must be >= 0 seconds, got {given_s!r}")
+        return SourcedSeconds(float(given_s), "cost_s as set, no switch measured on the topic")
+    newest = sorted(recent, key=lambda s: -s.finished_at_s if s.finished_at_s is not None else float("inf"))[:RECENT_SWITCHES]
+    if newest:
+        if len(newest) == 1:
+            only = newest[0]
+            named = " ".join(x for x in (only.switch_id, f"on {only.topic}" if only.topic else None) if x)
+            return SourcedSeconds(float(only.pause_s), f"pause of the one measured switch{' ' + named if named else ''}, none on the topic")
+        return SourcedSeconds(
+            float(statistics.median(s.pause_s for s in newest)),
+            f"median pause of {len(newest)} measured switches (the newest of any run and topic), none on the topic",
+        )
+    if not fallback_s >= 0:
+        raise ConfigurationError(f"fallback_s must be >= 0 seconds, got {fallback_s!r}")
+    return SourcedSeconds(float(fallback_s), "the default, no switch measured")
 
 
 @dataclass(frozen=True)
@@ -271,11 +403,17 @@ class CostAwareTrigger:
     2. it is not the strategy left at the last switch while less than `cooldown_s` seconds have
        passed since that switch (no A -> B -> A flapping within the cool-down).
 
+    Every reason names the horizon and the cost used and where each came from (`basis`), e.g.
+    "horizon 600 s = the monitor's 10-min schedule; cost 12.40 s = median pause of 5 measured switches ...".
+
     Args:
         horizon_s: H, seconds over which the gain is counted, > 0.
-        default_cost_s: migration cost before any is measured, seconds, >= 0.
+        default_cost_s: migration cost before any is measured, seconds, >= 0; None = `DEFAULT_COST_S`.
         margin: hysteresis margin, >= 0 (0.2 asks for a gain 20 % above the cost).
         cooldown_s: seconds after a switch during which switching back is refused, >= 0.
+        horizon_source: where `horizon_s` came from, for the reason (`horizon_default`'s `source`).
+        cost_source: where `default_cost_s` came from, for the reason (`migration_cost`'s `source`);
+            None = "default_cost_s as given", or "the default, no switch measured" when that is None too.
 
     Raises:
         ConfigurationError: a parameter out of range; from `observe`, events < 0;
@@ -284,7 +422,18 @@ class CostAwareTrigger:
 
     name = "cost_aware"
 
-    def __init__(self, horizon_s: float = DEFAULT_HORIZON_S, default_cost_s: float = 5.0, margin: float = 0.2, cooldown_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        horizon_s: float = DEFAULT_HORIZON_S,
+        default_cost_s: float | None = None,
+        margin: float = 0.2,
+        cooldown_s: float = 300.0,
+        *,
+        horizon_source: str = "horizon_s as given",
+        cost_source: str | None = None,
+    ) -> None:
+        if default_cost_s is None:
+            default_cost_s, cost_source = DEFAULT_COST_S, cost_source or "the default, no switch measured"
         if not horizon_s > 0:
             raise ConfigurationError(f"horizon_s must be > 0 seconds, got {horizon_s!r}")
         if not default_cost_s >= 0 or not margin >= 0 or not cooldown_s >= 0:
@@ -295,13 +444,26 @@ class CostAwareTrigger:
         self.default_cost_s = float(default_cost_s)
         self.margin = float(margin)
         self.cooldown_s = float(cooldown_s)
+        self.horizon_source = horizon_source
+        self.default_cost_source = cost_source or "default_cost_s as given"
         self.measured_cost_s: float | None = None
+        self._measured_source = ""
         self._last_switch: tuple[str, str, float] | None = None  # (from, to, at seconds)
 
     @property
     def cost_s(self) -> float:
         """The migration cost in use, seconds: the last measured one, else `default_cost_s`."""
         return self.default_cost_s if self.measured_cost_s is None else self.measured_cost_s
+
+    @property
+    def cost_source(self) -> str:
+        """Where `cost_s` came from: the switch `record_switch` measured it on, else `default_cost_s`'s source."""
+        return self.default_cost_source if self.measured_cost_s is None else self._measured_source
+
+    @property
+    def basis(self) -> str:
+        """The horizon and the cost in use with their sources: "horizon 600 s = ...; cost 10.00 s = ..."."""
+        return f"horizon {self.horizon_s:.0f} s = {self.horizon_source}; cost {self.cost_s:.2f} s = {self.cost_source}"
 
     def record_switch(self, strategy_from: str, strategy_to: str, now_s: float, migration_s: float | None = None) -> None:
         """Note a switch at `now_s` (seconds) and, when measured, the migration's seconds (the new cost).
@@ -313,6 +475,7 @@ class CostAwareTrigger:
             if not migration_s >= 0:
                 raise ConfigurationError(f"migration_s must be >= 0 seconds, got {migration_s!r}")
             self.measured_cost_s = float(migration_s)
+            self._measured_source = f"the last measured migration ({strategy_from} -> {strategy_to})"
         self._last_switch = (strategy_from, strategy_to, float(now_s))
 
     def state(self) -> dict[str, float]:
@@ -323,18 +486,21 @@ class CostAwareTrigger:
         """Nothing to restore; see `state`."""
 
     def observe(self, evaluation: Evaluation, now_s: float, events: int) -> Decision:
-        """Recommend the lowest max/mean when its gain beats cost * (1 + margin) and it is not a flap back."""
+        """Recommend the lowest max/mean when its gain beats cost * (1 + margin) and it is not a flap back.
+
+        The reason names the horizon and the cost with their sources (`basis`)."""
         _check_observation(now_s, events)
         current = evaluation.current
         candidate = min(evaluation.results, key=lambda result: (result.max_over_mean, not result.in_force))
         stay = evaluation.in_force
         if candidate.strategy == current.strategy:
-            return Decision(False, stay, f"cost_aware: {stay} in force already has the lowest max/mean {current.max_over_mean:.3f}", 0.0, self.name)
+            return Decision(False, stay, f"cost_aware: {stay} in force already has the lowest max/mean {current.max_over_mean:.3f} "
+                            f"({self.basis})", 0.0, self.name)
         gain = expected_gain_s(current, candidate, self.horizon_s)
         needed = self.cost_s * (1.0 + self.margin)
         figures = (
             f"{candidate.strategy} max/mean {candidate.max_over_mean:.3f} vs {current.max_over_mean:.3f} saves "
-            f"{gain:.2f} s over {self.horizon_s:.0f} s; cost {self.cost_s:.2f} s x (1 + {self.margin:.2f}) = {needed:.2f} s"
+            f"{gain:.2f} s over the horizon; needs > cost x (1 + {self.margin:.2f}) = {needed:.2f} s; {self.basis}"
         )
         if gain <= needed:
             return Decision(False, stay, f"cost_aware: does not pay: {figures}", gain, self.name)
@@ -356,11 +522,12 @@ TRIGGER_NAMES: tuple[str, ...] = ("periodic", "count", "threshold", "cost_aware"
 """Names `trigger_by_name` accepts."""
 
 
-def trigger_by_name(name: str, **options: float) -> Trigger:
+def trigger_by_name(name: str, **options: float | str | None) -> Trigger:
     """Build a trigger by name with its keyword options.
 
     periodic: `period_s`; count: `every_events`; threshold: `theta`; cost_aware: `default_cost_s`,
-    `margin`, `cooldown_s`; all take `horizon_s` (seconds).
+    `margin`, `cooldown_s`, and `horizon_source`, `cost_source` (text for its reasons); all take
+    `horizon_s` (seconds).
 
     Raises:
         ConfigurationError: an unknown name (lists the known ones), or an option it does not take.

@@ -15,8 +15,10 @@ One evaluation of a topic (`evaluate_topic`):
    keys sampled (every n-th or a seeded fraction); every candidate strategy is scored on the
    sample (paper 000 eq. 1, eq. 2, max/mean);
 5. the trigger (paper 000 Table 6, or cost_aware with the switch history kept in Redis)
-   decides; the record (sampled figures, measured loads, decision) goes to the Parquet history
-   and to Redis (latest + recent series) together with the new cursor, and a switch decision
+   decides, counting the expected gain over the evaluation interval (`EVALUATION_INTERVAL`, the
+   DAG's schedule) unless `horizon_s` is set, cost_aware counting the measured pause of a switch
+   (`trigger_costs`: the topic's last, else the median of the newest of any run); the record
+   (sampled figures, measured loads, decision) goes to the Parquet history and to Redis (latest + recent series) together with the new cursor, and a switch decision
    becomes the last switch;
 6. a switch decision yields the conf of a `keyshift_switch` run (`switch_conf`), naming the
    job run to switch.
@@ -32,8 +34,9 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
-from typing import Any, Literal
+import math
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -42,7 +45,18 @@ from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.monitoring.results import DEFAULT_KEEP
 from keyshift.settings import Settings
 
+if TYPE_CHECKING:
+    from keyshift.monitoring.results import LastSwitch
+    from keyshift.monitoring.triggers import MeasuredSwitch, SourcedSeconds
+
 log = logging.getLogger(__name__)
+
+EVALUATION_INTERVAL = timedelta(minutes=10)
+"""How often `keyshift_balance_monitor` evaluates a topic: the DAG's schedule (defined here only).
+A decision stands until the next evaluation, so it is also the triggers' default horizon."""
+
+EVALUATION_INTERVAL_S = EVALUATION_INTERVAL.total_seconds()
+"""`EVALUATION_INTERVAL` in seconds (600.0): the default `horizon_s` (`triggers.horizon_default`)."""
 
 DEFAULT_CANDIDATES: tuple[str, ...] = ("hash", "modulo", "least_key", "least_count", "hot_split")
 """Strategies the monitor may recommend by default: those the flight delay job can run
@@ -68,9 +82,12 @@ class MonitorParams(BaseModel):
         partitions: P of the evaluation; None = the topic's partition count.
         trigger: `periodic`, `count`, `threshold` (paper 000 Table 6) or `cost_aware` (ours).
         theta: threshold's θ (balance degree). period_s: periodic's T (seconds).
-        every_events: count's N (events). horizon_s: H of the expected gain (seconds).
-        cost_s, margin, cooldown_s: cost_aware's migration cost before one is measured (seconds),
-            hysteresis margin, and cool-down against switching back (seconds).
+        every_events: count's N (events). horizon_s: H of the expected gain (seconds); None =
+            the evaluation interval (`EVALUATION_INTERVAL_S`, 600 s; `triggers.horizon_default`).
+        cost_s, margin, cooldown_s: cost_aware's migration cost until the topic has a measured
+            switch (seconds; None = the median pause of the newest measured switches of any run,
+            else `triggers.DEFAULT_COST_S`: `triggers.migration_cost`), hysteresis margin, and
+            cool-down against switching back (seconds).
         sample_every: keep every n-th event read; when None, `sample_fraction` (a seeded share
             in (0, 1]) applies. seed: the sampler's seed.
         max_events: at most this many of the arrived records are read (the most recent).
@@ -91,8 +108,8 @@ class MonitorParams(BaseModel):
     theta: float = Field(0.6, ge=0, le=1)
     period_s: float = Field(3600.0, gt=0)
     every_events: int = Field(1_000_000, ge=1)
-    horizon_s: float = Field(60.0, gt=0)
-    cost_s: float = Field(5.0, ge=0)
+    horizon_s: float | None = Field(None, gt=0)
+    cost_s: float | None = Field(None, ge=0)
     margin: float = Field(0.2, ge=0)
     cooldown_s: float = Field(300.0, ge=0)
     sample_fraction: float = Field(0.1, gt=0, le=1)
@@ -120,9 +137,27 @@ class MonitorParams(BaseModel):
 
         return check_topic_names([value])[0]
 
-    def trigger_options(self) -> dict[str, float]:
-        """Keyword options of `triggers.trigger_by_name` for `trigger`."""
-        options: dict[str, Any] = {"horizon_s": self.horizon_s}
+    def horizon(self) -> SourcedSeconds:
+        """H of the expected gain, seconds, with its source: `horizon_s` when set, else the
+        evaluation interval (`EVALUATION_INTERVAL_S`; `triggers.horizon_default`)."""
+        from keyshift.monitoring.triggers import horizon_default
+
+        return horizon_default(self.horizon_s, EVALUATION_INTERVAL_S)
+
+    def trigger_options(self, cost: SourcedSeconds | None = None) -> dict[str, Any]:
+        """Keyword options of `triggers.trigger_by_name` for `trigger`.
+
+        Args:
+            cost: cost_aware's migration cost with its source (`trigger_costs`, which reads the
+                measured switches in Redis); None = `cost_s` when set, else `triggers.DEFAULT_COST_S`.
+
+        Every trigger gets `horizon_s` = `horizon()`; cost_aware also gets the sources of the
+        horizon and the cost, which its reasons name.
+        """
+        from keyshift.monitoring.triggers import migration_cost
+
+        horizon = self.horizon()
+        options: dict[str, Any] = {"horizon_s": horizon.seconds}
         if self.trigger == "periodic":
             options["period_s"] = self.period_s
         elif self.trigger == "count":
@@ -130,7 +165,9 @@ class MonitorParams(BaseModel):
         elif self.trigger == "threshold":
             options["theta"] = self.theta
         else:
-            options.update(default_cost_s=self.cost_s, margin=self.margin, cooldown_s=self.cooldown_s)
+            cost = cost or migration_cost(self.cost_s, None, ())
+            options.update(default_cost_s=cost.seconds, margin=self.margin, cooldown_s=self.cooldown_s,
+                           horizon_source=horizon.source, cost_source=cost.source)
         return options
 
 
@@ -150,6 +187,84 @@ def monitor_params(raw: dict[str, Any]) -> MonitorParams:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
         raise ConfigurationError(f"bad monitor parameters: {problems}") from exc
+
+
+def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredSwitch]:
+    """Finished switches with a measured pause, of every run whose switch history is in Redis, newest first.
+
+    Reads the newest `per_run` records (default `triggers.RECENT_SWITCHES`) of each
+    `keyshift:switch:run:<run_id>:history` list (`keyshift.migration.switch.SwitchControl`
+    pushes every finished switch there, newest first), so the overall newest `per_run` are among
+    them. A record counts when its `state` is `done` and its `pause_seconds` (stop request to the
+    new query's first commit, seconds) is a number >= 0; failed and rolled-back switches do not.
+
+    Args:
+        client: a Redis client with `decode_responses=True`.
+        per_run: records read per run, >= 1.
+
+    Raises:
+        StackError: Redis is unreachable.
+    """
+    import redis
+
+    from keyshift.errors import StackError
+    from keyshift.monitoring.triggers import RECENT_SWITCHES, MeasuredSwitch
+
+    per_run = per_run or RECENT_SWITCHES
+    try:
+        keys = sorted(client.scan_iter(match=names.redis_switch_history_key("*"), count=1000))
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lrange(key, 0, per_run - 1)
+            lists = pipe.execute() if keys else []
+    except redis.RedisError as exc:
+        raise StackError(f"Redis does not answer for the switch histories ({exc}); run `keyshift stack up`") from exc
+    found = []
+    for key, texts in zip(keys, lists):
+        for text in texts:
+            try:
+                record = json.loads(text)
+            except ValueError:
+                log.warning("%s holds a record that is not JSON; skipped", key)
+                continue
+            pause, finished = record.get("pause_seconds"), record.get("finished_at")
+            if record.get("state") != "done" or isinstance(pause, bool) or not isinstance(pause, (int, float)) or not pause >= 0:
+                continue
+            found.append(MeasuredSwitch(float(pause), record.get("switch_id"), record.get("topic"),
+                                        float(finished) if isinstance(finished, (int, float)) else None))
+    found.sort(key=lambda s: -s.finished_at_s if s.finished_at_s is not None else math.inf)
+    return found
+
+
+def trigger_costs(client: Any, topic: str, cost_s: float | None, last: LastSwitch | None) -> SourcedSeconds:
+    """cost_aware's migration cost for `topic`, seconds, with its source (`triggers.migration_cost`).
+
+    1. the topic's last measured switch: `migration_s` of the topic's last switch in Redis
+       (`keyshift:balance:<topic>:last_switch`, which the driver writes when a switch is done),
+       named by the switch id of the switch history record with that topic and pause; when that
+       hash holds no measured cost, the newest measured switch of the topic in the histories;
+    2. `cost_s` when set;
+    3. the median pause of the `triggers.RECENT_SWITCHES` newest measured switches of any run and
+       topic (`measured_switches`);
+    4. `triggers.DEFAULT_COST_S`.
+
+    Args:
+        client: a Redis client with `decode_responses=True`. topic: the monitored topic.
+        cost_s: the `cost_s` param (seconds) or None. last: the topic's last switch (`ResultStore.last_switch`).
+
+    Raises:
+        StackError: Redis is unreachable.
+    """
+    from keyshift.monitoring.triggers import MeasuredSwitch, migration_cost
+
+    switches = measured_switches(client)
+    ours = [s for s in switches if s.topic == topic]
+    if last is not None and last.migration_s is not None:
+        same = next((s for s in ours if math.isclose(s.pause_s, last.migration_s, abs_tol=1e-6)), None)
+        topic_last: MeasuredSwitch | None = MeasuredSwitch(last.migration_s, same.switch_id if same else None, topic, last.at_s)
+    else:
+        topic_last = ours[0] if ours else None
+    return migration_cost(cost_s, topic_last, switches)
 
 
 def _published_in_force(settings: Settings, topic: str, strategy: str, partitions: int):
@@ -191,7 +306,8 @@ def evaluate_topic(
 
     Returns:
         `{"record": the stored record (`evaluate.evaluation_record` shape, plus `series`, `topic`,
-        sampling fields and `measured` arrivals/processed), "switch_conf": the `keyshift_switch`
+        sampling fields, `measured` arrivals/processed, `horizon_s` and `horizon_source`, and for
+        cost_aware `cost_s` and `cost_source`: what the decision counted), "switch_conf": the `keyshift_switch`
         conf when the decision is to switch, else None}`. When nothing was sampled (no event
         arrived) the record's `evaluation` is None and the decision is to stay. The record's
         `rescale` is the parallelism recommended for the stateful stage (`_rescale`, paper 001),
@@ -256,12 +372,18 @@ def evaluate_topic(
         "rescale": rescale, "rescale_reason": rescale_reason, "in_force_source": in_force_source,
     }
 
-    trigger = trigger_by_name(params.trigger, **params.trigger_options())
+    last = store.last_switch()
+    horizon = params.horizon()
+    cost = trigger_costs(store.client, topic, params.cost_s, last) if params.trigger == "cost_aware" else None
+    context.update({"horizon_s": horizon.seconds, "horizon_source": horizon.source})
+    if cost is not None:
+        context.update({"cost_s": cost.seconds, "cost_source": cost.source})
+    trigger = trigger_by_name(params.trigger, **params.trigger_options(cost))
     if cursor.get("trigger") == params.trigger:
         trigger.restore(cursor.get("trigger_state") or {})
-    last = store.last_switch()
     if last is not None:
-        trigger.record_switch(last.strategy_from, last.strategy_to, last.at_s, last.migration_s)
+        # the measured cost of the topic's last switch is already in `cost` (with its switch id)
+        trigger.record_switch(last.strategy_from, last.strategy_to, last.at_s)
 
     in_force = _published_in_force(settings, topic, params.strategy, partitions)
     context["in_force_assignment"] = f"published epoch {in_force.epoch}" if in_force is not None else "rebuilt from the sample"
@@ -271,7 +393,9 @@ def evaluate_topic(
         evaluation = evaluate_sample(sampler.counts, partitions, params.strategy, assignment=in_force, labels=params.candidates)
         decision = trigger.observe(evaluation, now_s, sum(arrived))
     else:
-        decision = Decision(False, params.strategy, f"{params.trigger}: no events sampled ({sum(arrived)} arrived {since}); nothing to rebalance", 0.0, params.trigger)
+        basis = f" ({trigger.basis})" if isinstance(getattr(trigger, "basis", None), str) else ""
+        decision = Decision(False, params.strategy, f"{params.trigger}: no events sampled ({sum(arrived)} arrived {since}); "
+                            f"nothing to rebalance{basis}", 0.0, params.trigger)
     log.info("%s: %s -> %s (%s); expected gain %.2f s; %s", topic, params.strategy,
              decision.strategy, "switch" if decision.switch else "stay", decision.expected_gain_s, decision.reason)
 

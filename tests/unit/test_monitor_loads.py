@@ -122,8 +122,11 @@ def test_periodic_and_count_resume_from_state() -> None:
 def test_monitor_params_defaults_and_errors() -> None:
     params = monitor_params({"topic": "flights", "partitions": None, "candidates": []})
     assert params.candidates == DEFAULT_CANDIDATES and params.partitions is None
-    assert params.trigger_options() == {"horizon_s": 60.0, "default_cost_s": 5.0, "margin": 0.2, "cooldown_s": 300.0}
-    assert monitor_params({"trigger": "threshold", "theta": 0.4}).trigger_options() == {"horizon_s": 60.0, "theta": 0.4}
+    # the horizon follows the monitor's schedule, the cost a measured switch (none here: the default)
+    assert params.trigger_options() == {"horizon_s": 600.0, "default_cost_s": 10.0, "margin": 0.2, "cooldown_s": 300.0,
+                                        "horizon_source": "the monitor's 10-min schedule",
+                                        "cost_source": "the default, no switch measured"}
+    assert monitor_params({"trigger": "threshold", "theta": 0.4}).trigger_options() == {"horizon_s": 600.0, "theta": 0.4}
     with pytest.raises(ConfigurationError, match="theta"):
         monitor_params({"theta": 1.5})
     with pytest.raises(ConfigurationError, match="unknown strategy"):
