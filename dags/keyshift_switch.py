@@ -61,9 +61,10 @@ from keyshift.orchestration import monitor
 def keyshift_switch():
     @task
     def record_request(params=None, run_id=None) -> dict:
+        from keyshift.orchestration.switching import record_request as record
         from keyshift.settings import Settings
 
-        return monitor.record_switch_request(Settings(), dict(params), dag_run_id=run_id)
+        return record(Settings(), dict(params), dag_run_id=run_id)
 
     @task(execution_timeout=timedelta(minutes=15))
     def switch(request: dict) -> dict:

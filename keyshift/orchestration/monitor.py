@@ -622,14 +622,17 @@ def _switch_request(conf: dict[str, Any]) -> SwitchRequest:
         raise ConfigurationError(f"bad keyshift_switch conf {conf!r}: {problems}") from exc
 
 
-def _switch_target(client: Any, request: SwitchRequest) -> dict[str, str]:
+def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> dict[str, str]:
     """The run record of the run `request` switches: its `run_id`, else the latest run on its topic.
 
     Raises:
+        SwitchNotReady: the run is alive but has not started its query yet (starting, restarting,
+            or waiting for records: no `job.json`; `keyshift.migration.switch.refuse_unstarted_run`).
         ConfigurationError: no such run, a run that is not running, or one with a switch under way.
     """
-    from keyshift.migration.switch import SwitchControl
+    from keyshift.migration.switch import SwitchControl, refuse_unstarted_run
     from keyshift.monitoring.loads import latest_job_run
+    from keyshift.processing.driver import JOB_RECORD_FILE
 
     run_id = request.run_id or latest_job_run(client, request.topic)
     if run_id is None:
@@ -638,6 +641,8 @@ def _switch_target(client: Any, request: SwitchRequest) -> dict[str, str]:
     record = client.hgetall(names.redis_run_key(run_id))
     if not record:
         raise ConfigurationError(f"run {run_id!r} has no record {names.redis_run_key(run_id)} in Redis; name a run the job recorded")
+    if record.get("state") in ("starting", "running", "restarting") and not (settings.runs_dir / run_id / JOB_RECORD_FILE).exists():
+        refuse_unstarted_run(settings, run_id)  # alive and not started: SwitchNotReady; else why not
     if record.get("state") != "running":
         which = "" if request.run_id else f"the latest job run on topic {request.topic!r}, "
         raise ConfigurationError(f"run {run_id} ({which}state {record.get('state')!r}) is not running: a switch moves a running job; "
@@ -667,6 +672,7 @@ def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: 
         the switch itself is recorded, `keyshift.migration.switch`).
 
     Raises:
+        SwitchNotReady: the run has not started its query yet; nothing is recorded.
         ConfigurationError: the conf is not a valid request (every problem named), its run cannot
             be switched now, or the decision is stale.
         StackError: Redis is unreachable.
@@ -675,7 +681,7 @@ def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: 
 
     given = _switch_request(dict(conf or {}))
     client = redis_client(settings)
-    run = _switch_target(client, given)
+    run = _switch_target(settings, client, given)
     strategy_from, partitions_from = run.get("strategy"), int(run.get("partitions") or 0) or None
     stale = [f"{name} {said!r} (the run has {has!r})" for name, said, has in (
         ("strategy_from", given.strategy_from, strategy_from), ("partitions_from", given.partitions_from, partitions_from))

@@ -31,6 +31,26 @@ RESULT_FIELDS = ("switch_id", "run_id", "topic", "state", "step", "strategy_from
 """The switch record's fields returned as the task's XCom (the assignments themselves stay in Redis)."""
 
 
+def record_request(settings: Settings, conf: Mapping[str, Any], dag_run_id: str | None = None) -> dict[str, Any]:
+    """The body of `keyshift_switch`'s `record_request` task: `monitor.record_switch_request`,
+    with a run that has not started its query yet skipping the task (and so the DAG run's
+    `switch`) instead of failing it; nothing is recorded then.
+
+    Raises:
+        airflow.sdk.exceptions.AirflowSkipException: `SwitchNotReady` (its message kept).
+        ConfigurationError, StackError: from `record_switch_request`.
+    """
+    from keyshift.orchestration.monitor import record_switch_request
+
+    try:
+        return record_switch_request(settings, dict(conf), dag_run_id=dag_run_id)
+    except SwitchNotReady as exc:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        log.warning("switch request not recorded: %s", exc)
+        raise AirflowSkipException(str(exc)) from exc
+
+
 def carry_out(settings: Settings, request: Mapping[str, Any], *, wait_timeout_s: float = WAIT_TIMEOUT_S) -> dict[str, Any]:
     """Switch `request["run_id"]` to `request["strategy"]` (and `request["partitions"]`) and wait until done.
 

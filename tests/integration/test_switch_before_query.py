@@ -48,11 +48,13 @@ def _redis_holds_nothing_for(settings, run_id: str) -> None:
 def test_a_switch_before_the_query_starts_is_refused_cleanly(stack_settings, tmp_path):
     from airflow.sdk.exceptions import AirflowSkipException
 
+    from keyshift import names
     from keyshift.errors import ConfigurationError, SwitchNotReady
     from keyshift.kafka_clients import client_options
     from keyshift.migration.switch import request_switch
     from keyshift.orchestration.launch import read_run_record
-    from keyshift.orchestration.switching import carry_out
+    from keyshift.orchestration.switching import carry_out, record_request
+    from keyshift.runs import redis_client as control_client
     from keyshift.topics import create_topics
 
     topic = run_id = f"it-switch-{uuid.uuid4().hex[:8]}-early"
@@ -98,6 +100,13 @@ def test_a_switch_before_the_query_starts_is_refused_cleanly(stack_settings, tmp
             carry_out(stack_settings, request, wait_timeout_s=30)
         assert isinstance(skipped.value.__cause__, SwitchNotReady)
         _redis_holds_nothing_for(stack_settings, run_id)
+        # the DAG's first task (what the monitor triggers): skipped too, and no request recorded
+        requests_key = names.redis_switch_requests_key(topic)
+        before = control_client(stack_settings).llen(requests_key)
+        with pytest.raises(AirflowSkipException, match=NOT_READY):
+            record_request(stack_settings, {"run_id": run_id, "topic": topic, "strategy": "least_count",
+                                            "reason": "test: switch before the query", "trigger": "cost_aware"})
+        assert control_client(stack_settings).llen(requests_key) == before
 
         assert process.poll() is None, "the refusals must leave the waiting driver alone"
         assert not (run_dir / "job.json").exists()
