@@ -16,7 +16,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
 CHROMIUM ?= chromium
 
-.PHONY: env setup stack browser demo docs test test-all unit clean-state
+.PHONY: lint env setup stack browser demo docs test test-all unit clean-state
 
 env: $(STAMP)
 
@@ -54,11 +54,15 @@ docs: env
 	NO_MKDOCS_2_WARNING=1 PYTHONWARNINGS=ignore::DeprecationWarning $(BIN)/mkdocs build --strict --quiet --site-dir .keyshift/site
 	@echo "docs: .keyshift/site/index.html"
 
-test: docs stack browser
+test: lint docs stack browser
 	$(BIN)/python -m pytest -ra --durations=20 tests
 
 test-all: stack browser
 	$(BIN)/python -m pytest -ra --durations=20 --run-slow tests
+
+# The package's layers (pyproject.toml [tool.importlinter]): an import up a layer fails.
+lint: env
+	$(BIN)/lint-imports
 
 unit: env
 	$(BIN)/python -m pytest -ra tests/unit tests/dags
