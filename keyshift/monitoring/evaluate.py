@@ -1,7 +1,7 @@
 """Evaluate every placement strategy on one sample: the figures a switch decision is made from.
 
 Given a sample (key -> sampled events, e.g. `Sampler.counts`) and P, each strategy variant of
-`keyshift.bench.placement.VARIANTS` (hash, modulo, least_key, least_count, weight with the hash
+`keyshift.placement.evaluation.VARIANTS` (hash, modulo, least_key, least_count, weight with the hash
 and the random landing, hot_split) is built on the sample (learned ones through `from_counts`,
 the paper's "with history") and scored on the same sample: per-slot loads (events), balance
 degree (paper 000 eq. 1), extra compute time (eq. 2) and max/mean, all from
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keyshift.bench.placement import VARIANTS, KeyedStream, Split, Variant, build_strategy, slot_loads
+from keyshift.placement.evaluation import VARIANTS, KeyedStream, Split, Variant, build_strategy, slot_loads
 from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
 from keyshift.placement.strategies import Strategy, check_partitions, integer_key

@@ -8,20 +8,22 @@ import numpy as np
 import pytest
 
 from keyshift.bench.placement import (
+    check_targets,
+    partitioner_throughput,
+    run_placement_bench,
+    score,
+    synthetic_stream,
+    synthetic_streams,
+)
+from keyshift.placement.evaluation import (
     MODES,
     VARIANTS,
     KeyedStream,
     Variant,
     build_strategy,
-    check_targets,
     keyed_stream,
-    partitioner_throughput,
-    run_placement_bench,
-    score,
     slot_loads,
     split_stream,
-    synthetic_stream,
-    synthetic_streams,
 )
 from keyshift.errors import ConfigurationError
 
