@@ -105,10 +105,10 @@ STATE_BOUND_FACTOR = 2.0
 run's."""
 
 PLAIN_JOB_WATERMARK = "global, 48 h delay"
-"""The plain Spark job's watermark, as its rows name it (`keyshift.bench.plain_job.BOUND`)."""
+"""The plain Spark job's watermark, as its rows name it (`keyshift.processing.builtin.BOUND`)."""
 
 PLAIN_JOB_DELAY_MS = 48 * 3_600_000
-"""The plain Spark job's watermark delay (`keyshift.bench.plain_job.BOUND`, 48 hours), ms."""
+"""The plain Spark job's watermark delay (`keyshift.processing.builtin.BOUND`, 48 hours), ms."""
 
 HOUR_MS = 3_600_000
 """The jobs' window size (1 hour), ms."""

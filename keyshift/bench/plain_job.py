@@ -32,61 +32,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from pyspark.sql import SparkSession
 
-RECORD_SCHEMA = T.StructType(
-    [
-        T.StructField("event_id", T.LongType()),
-        T.StructField("origin", T.StringType()),
-        T.StructField("destination", T.StringType()),
-        T.StructField("delay_min", T.LongType()),
-        T.StructField("distance_mi", T.LongType()),
-        T.StructField("event_time", T.LongType()),
-    ]
-)
-"""The flight record as a user would declare it for `from_json` (event time in epoch ms UTC)."""
+from keyshift.processing.builtin import plain_windows
 
-BOUND = "48 hours"
-"""The watermark delay a plain job needs to lose no flight in a backfill at P = 8 (DESIGN.md: the
-partitions drift apart by up to 37 h); Spark drops later rows silently."""
-
-
-def plain_windows(kafka_rows: DataFrame, bound: str = BOUND, window: str = "1 hour", closing: Column | None = None) -> DataFrame:
-    """The plain job's query, from Kafka rows (`value` binary) to window rows.
-
-    Args:
-        kafka_rows: Kafka source rows.
-        bound: the watermark delay. window: the window size.
-        closing: None for the plain job as a user writes it. For a bounded comparison (the
-            demo's, `keyshift.processing.builtin`): a condition on the Kafka rows that marks
-            rows whose event time should move the watermark without being aggregated (a run's
-            end-of-input markers, which have no origin), so that the last windows close.
-
-    Returns:
-        A streaming DataFrame: origin, window_start, window_end (timestamps), count,
-        sum_delay_min, max_delay_min (longs); append mode.
-    """
-    parsed = kafka_rows.select(F.from_json(F.col("value").cast("string"), RECORD_SCHEMA).alias("f"),
-                               (closing if closing is not None else F.lit(False)).alias("_closing")).select("f.*", "_closing")
-    flights = (
-        parsed.where((F.col("origin").isNotNull() | F.col("_closing")) & F.col("event_time").isNotNull())
-        .withColumn("ts", F.timestamp_millis("event_time"))
-    )
-    if closing is None:
-        flights = flights.drop("_closing")
-    timed = flights.withWatermark("ts", bound)
-    if closing is not None:
-        # after the watermark operator, which Spark keeps below a filter on its event-time column
-        timed = timed.where(~(F.col("_closing") & F.col("ts").isNotNull()))
-    return (
-        timed.groupBy(F.window("ts", window), F.col("origin"))
-        .agg(F.count(F.lit(1)).alias("count"), F.sum("delay_min").alias("sum_delay_min"), F.max("delay_min").alias("max_delay_min"))
-        .select("origin", F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-                "count", "sum_delay_min", "max_delay_min")
-    )
-
+# the query itself (`plain_windows`) is in keyshift.processing.builtin: the demo runs it too
 
 def run_plain_job(spark: SparkSession, bootstrap_servers: str, topic: str, out_dir: Path, max_offsets_per_trigger: int) -> dict[str, Any]:
     """Run the plain job over everything in `topic` now (availableNow) and return its figures.

@@ -1,7 +1,7 @@
 """The same hourly windows by the plain Spark job a user would write: the yardstick of the demo.
 
 The demo runs, after its keyshift run, the baseline of `keyshift bench throughput`
-(`keyshift.bench.plain_job.plain_windows`: `from_json` with the record schema, rows without
+(`plain_windows`, the query of `keyshift.bench.plain_job`: `from_json` with the record schema, rows without
 origin or time dropped, `withWatermark`, `groupBy(window(ts, "1 hour"), origin).agg(count, sum,
 max)`, append mode) over the same topic and offsets, to compare speed (events/s) and to check
 that both produce the same windows. For a bounded comparison two things are added to it: records
@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from keyshift.errors import JobError
 from keyshift.eventtime.windows import HOUR_MS
@@ -30,6 +31,57 @@ from keyshift.jobs.flight_delays import WINDOW_COLUMNS
 from keyshift.processing.records import END_OF_INPUT_PREFIX
 
 log = logging.getLogger(__name__)
+
+RECORD_SCHEMA = T.StructType(
+    [
+        T.StructField("event_id", T.LongType()),
+        T.StructField("origin", T.StringType()),
+        T.StructField("destination", T.StringType()),
+        T.StructField("delay_min", T.LongType()),
+        T.StructField("distance_mi", T.LongType()),
+        T.StructField("event_time", T.LongType()),
+    ]
+)
+"""The flight record as a user would declare it for `from_json` (event time in epoch ms UTC)."""
+
+BOUND = "48 hours"
+"""The watermark delay a plain job needs to lose no flight in a backfill at P = 8 (DESIGN.md: the
+partitions drift apart by up to 37 h); Spark drops later rows silently."""
+
+
+def plain_windows(kafka_rows: DataFrame, bound: str = BOUND, window: str = "1 hour", closing: Column | None = None) -> DataFrame:
+    """The plain job's query, from Kafka rows (`value` binary) to window rows.
+
+    Args:
+        kafka_rows: Kafka source rows.
+        bound: the watermark delay. window: the window size.
+        closing: None for the plain job as a user writes it. For a bounded comparison (the
+            demo's, `keyshift.processing.builtin`): a condition on the Kafka rows that marks
+            rows whose event time should move the watermark without being aggregated (a run's
+            end-of-input markers, which have no origin), so that the last windows close.
+
+    Returns:
+        A streaming DataFrame: origin, window_start, window_end (timestamps), count,
+        sum_delay_min, max_delay_min (longs); append mode.
+    """
+    parsed = kafka_rows.select(F.from_json(F.col("value").cast("string"), RECORD_SCHEMA).alias("f"),
+                               (closing if closing is not None else F.lit(False)).alias("_closing")).select("f.*", "_closing")
+    flights = (
+        parsed.where((F.col("origin").isNotNull() | F.col("_closing")) & F.col("event_time").isNotNull())
+        .withColumn("ts", F.timestamp_millis("event_time"))
+    )
+    if closing is None:
+        flights = flights.drop("_closing")
+    timed = flights.withWatermark("ts", bound)
+    if closing is not None:
+        # after the watermark operator, which Spark keeps below a filter on its event-time column
+        timed = timed.where(~(F.col("_closing") & F.col("ts").isNotNull()))
+    return (
+        timed.groupBy(F.window("ts", window), F.col("origin"))
+        .agg(F.count(F.lit(1)).alias("count"), F.sum("delay_min").alias("sum_delay_min"), F.max("delay_min").alias("max_delay_min"))
+        .select("origin", F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+                "count", "sum_delay_min", "max_delay_min")
+    )
 
 
 def builtin_window_stream(
@@ -47,8 +99,6 @@ def builtin_window_stream(
         A streaming DataFrame with origin, window_start, window_end (timestamps), count,
         sum_delay_min, max_delay_min; malformed records are dropped.
     """
-    from keyshift.bench.plain_job import plain_windows
-
     text = F.col("value").cast("string")
     marker = F.coalesce(text.startswith(END_OF_INPUT_PREFIX) & (F.get_json_object(text, "$.run_id") == F.lit(marker_run_id)),
                         F.lit(False))
