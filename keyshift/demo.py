@@ -164,7 +164,8 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
 
     from keyshift.data.flights import flights_path
     from keyshift.processing.builtin import compare_windows, run_builtin_windows
-    from keyshift.processing.driver import END_OF_INPUT_EVENT_TIME_MS, read_kafka, run_flight_delays
+    from keyshift.processing.driver import run_flight_delays
+    from keyshift.processing.kafka_input import END_OF_INPUT_EVENT_TIME_MS, read_kafka
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.quality.reference import compare_to_reference, reference_windows
     from keyshift.quality.windows import validate_windows

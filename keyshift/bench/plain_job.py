@@ -135,7 +135,7 @@ def run_measured(spark: SparkSession, run: Callable[[], dict[str, Any]]) -> dict
     """`run()`'s figures plus what the driver JVM and its Python workers used meanwhile:
     `driver_peak_rss_bytes`, `python_peak_rss_bytes` (bytes), `cpu_seconds` (user + system s by
     process group) and `events_per_cpu_second` (the figures' `events` over all CPU seconds)."""
-    from keyshift.processing.driver import driver_jvm_pid
+    from keyshift.processing.run_summary import driver_jvm_pid
     from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
 
     sampler = ResourceSampler(driver_jvm_pid(spark))

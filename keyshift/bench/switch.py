@@ -480,7 +480,7 @@ def run_switching(
 
     from keyshift.migration.switch import request_switch
     from keyshift.orchestration.launch import read_run_record
-    from keyshift.processing.driver import send_end_of_input  # what a bounded run writes once drained
+    from keyshift.processing.kafka_input import send_end_of_input  # what a bounded run writes once drained
 
     start, switches = sequence[0], sequence[1:]
     topic = run_id = _fresh_topic(settings, "switching", int(start.partitions))
@@ -611,7 +611,7 @@ def run_switch_bench(
 
 def build_report(settings: Settings, switching_id: str, oracle_id: str, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The report's figures from two finished runs and the switch records (see the module docstring)."""
-    from keyshift.processing.driver import load_segments
+    from keyshift.processing.job_record import load_segments
 
     run_dir, oracle_dir = settings.runs_dir / switching_id, settings.runs_dir / oracle_id
     progress = read_progress(run_dir)

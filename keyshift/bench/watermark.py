@@ -618,7 +618,7 @@ class _Conductor(threading.Thread):
 
     def run(self) -> None:
         from keyshift.orchestration.launch import read_run_record
-        from keyshift.processing.driver import send_end_of_input
+        from keyshift.processing.kafka_input import send_end_of_input
 
         try:
             self._wait(lambda: read_run_record(self.settings, self.run_id).get("segment") is not None, "the query to start", 600)
@@ -1030,7 +1030,7 @@ def run_watermark_bench(
     from pyspark.sql import SparkSession
 
     from keyshift import stack
-    from keyshift.processing.driver import ensure_side_output_topics
+    from keyshift.processing.kafka_input import ensure_side_output_topics
 
     config = config or BenchSettings()
     config.check()

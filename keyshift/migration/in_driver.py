@@ -41,7 +41,7 @@ def _commits(checkpoint: Path) -> list[int]:
 def read_cut(checkpoint: Path, topic: str) -> tuple[int | None, dict[int, int], int]:
     """(last committed batch C of the stopped query or None, Kafka offsets after C, the watermark
     for the batch after C in ms of event time (`nextBatchWatermarkMs` of `commits/C`, 0 without))."""
-    from keyshift.processing.driver import committed_batches
+    from keyshift.processing.spark_checkpoint import committed_batches
 
     ids, offsets = committed_batches(checkpoint, topic)
     if not ids:

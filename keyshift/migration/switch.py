@@ -346,7 +346,7 @@ def request_switch(
         StackError: Redis or Kafka unreachable.
     """
     from keyshift.jobs import job_spec
-    from keyshift.processing.driver import load_segments
+    from keyshift.processing.job_record import load_segments
     from keyshift.processing.flight_delays import check_job_strategy
 
     if strategy is not None:

@@ -632,7 +632,7 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> d
     """
     from keyshift.migration.switch import SwitchControl, refuse_unstarted_run
     from keyshift.monitoring.loads import latest_job_run
-    from keyshift.processing.driver import JOB_RECORD_FILE
+    from keyshift.processing.job_record import JOB_RECORD_FILE
 
     run_id = request.run_id or latest_job_run(client, request.topic)
     if run_id is None:

@@ -54,7 +54,7 @@ event-time timer at its earliest wake-up (the next pending update point + p of a
 clock's own watermark, when a clock could be freed); Spark fires it once W passes it, and the
 pass advances every key of the slot to its watermark. **End of input**: a marker row (NULL key)
 with a far-future event time (e.g. 9999-12-31, `END_OF_INPUT_EVENT_TIME_MS`, as
-`keyshift.processing.driver.send_end_of_input` writes) passes the query's `withWatermark`, is
+`keyshift.processing.kafka_input.send_end_of_input` writes) passes the query's `withWatermark`, is
 skipped here, and pushes W past every window; in the next (no-data) batch the timers fire and
 every key is flushed (all updates final, as `key_windows.FLUSH_MS` would, all state and clocks
 freed). One marker anywhere suffices; one per token is harmless.
@@ -113,7 +113,7 @@ DEAD_LETTER_COLUMNS = ("dead_letter_reason", "raw_value", "raw_encoding", "raw_k
 
 END_OF_INPUT_EVENT_TIME_MS = 253_402_300_799_000
 """9999-12-31T23:59:59Z: the event time of an end-of-input marker (the same as the Kafka jobs'
-`keyshift.processing.driver.END_OF_INPUT_EVENT_TIME_MS`): past every real event."""
+`keyshift.processing.kafka_input.END_OF_INPUT_EVENT_TIME_MS`): past every real event."""
 
 WINDOW_STATE_NAME = "key_window_state"
 WINDOW_KEY_SCHEMA = T.StructType([T.StructField("key", T.StringType(), False)])

@@ -72,7 +72,7 @@ def kept_events(spark, checkpoint: Path, batch_id: int | None = None) -> int:
     """Events kept in a key-window query's state at its last committed batch (or `batch_id`),
     read with Spark's state data source (MapState `key_window_state`: 48 + 16·n bytes per key).
     0 when the query committed no batch."""
-    from keyshift.processing.driver import read_state_variable
+    from keyshift.processing.spark_checkpoint import read_state_variable
 
     state = read_state_variable(spark, checkpoint, WINDOW_STATE_NAME, batch_id)
     if state is None:

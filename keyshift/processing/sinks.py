@@ -198,8 +198,8 @@ class KeyedWindowSink:
         self.redis_windows = redis_windows
         self.barrier = threading.Event()
         self.in_flight = False
-        self.hold_until_barrier: Callable[[], bool] | None = None  # a test's failpoint (`driver._hold_markers_batch`)
-        self.hold_after_outputs_of: int | None = None  # a test's failpoint (`driver._hold_new_query_batch`)
+        self.hold_until_barrier: Callable[[], bool] | None = None  # a test's failpoint (`driver_switch.hold_markers_batch`)
+        self.hold_after_outputs_of: int | None = None  # a test's failpoint (`driver_switch.hold_new_query_batch`)
         self.last_query_batch: int | None = None
         self._lock = threading.Lock()
         self._gate = threading.Lock()

@@ -31,7 +31,7 @@ PER_TRIGGER = 10_000
 
 def test_a_stop_during_a_switchs_first_batch_finishes_the_switch(stack_settings, tmp_path):
     from keyshift.migration.switch import SwitchControl, request_switch
-    from keyshift.processing.driver import load_segments
+    from keyshift.processing.job_record import load_segments
 
     topic = run_id = fresh_topic(stack_settings, "stop", FLIGHTS)
     run_dir = stack_settings.runs_dir / run_id

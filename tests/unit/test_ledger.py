@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from keyshift.processing.driver import committed_batches, load_job_record, save_job_record
+from keyshift.processing.job_record import load_job_record, save_job_record
+
+from keyshift.processing.spark_checkpoint import committed_batches
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
 from keyshift.processing.flight_delays import FlightDelayJobConfig
 from keyshift.processing.ledger import BatchCounts, RunLedger
@@ -73,7 +75,7 @@ def test_job_record_round_trip(tmp_path):
 
 
 def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
-    from keyshift.processing.driver import load_segments, segment_config
+    from keyshift.processing.job_record import load_segments, segment_config
 
     config = FlightDelayJobConfig(run_id="r2", partitions=32, max_stateful_partitions=8)
     assert config.stateful_partitions == 8
@@ -147,14 +149,14 @@ def test_a_malformed_failpoint_is_refused(monkeypatch):
 
 
 def test_end_of_input_markers_go_out_once_the_next_batch_can_take_the_rest_and_them():
-    from keyshift.processing.driver import _input_reached, _marker_room
+    from keyshift.processing.kafka_input import input_reached, marker_room
 
     target = {0: 100, 1: 50}
-    room = _marker_room(20, 2)  # 20 records per batch, 2 of them markers
+    room = marker_room(20, 2)  # 20 records per batch, 2 of them markers
     assert room == 18
-    assert not _input_reached(target, {}, {0: 80, 1: 40}, room)  # 30 left: another full batch first
-    assert _input_reached(target, {}, {0: 90, 1: 42}, room)  # 18 left: they and the 2 markers fit
-    assert _input_reached(target, {0: 100, 1: 50}, {}, room)  # consumed to the end
-    assert not _input_reached(target, {}, {}, room)  # nothing planned yet
-    assert _input_reached(target, {}, {0: 1, 1: 1}, _marker_room(None, 2))  # no limit per batch
-    assert not _input_reached(target, {}, {0: 99, 1: 50})  # the default: the end itself
+    assert not input_reached(target, {}, {0: 80, 1: 40}, room)  # 30 left: another full batch first
+    assert input_reached(target, {}, {0: 90, 1: 42}, room)  # 18 left: they and the 2 markers fit
+    assert input_reached(target, {0: 100, 1: 50}, {}, room)  # consumed to the end
+    assert not input_reached(target, {}, {}, room)  # nothing planned yet
+    assert input_reached(target, {}, {0: 1, 1: 1}, marker_room(None, 2))  # no limit per batch
+    assert not input_reached(target, {}, {0: 99, 1: 50})  # the default: the end itself

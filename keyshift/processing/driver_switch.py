@@ -1,0 +1,141 @@
+"""The driver's side of a switch: refusing one a job cannot do, settling one at a stop, test holds.
+
+The switch's own steps are in `keyshift.migration`; these are what the query loop
+(`keyshift.processing.driver`) does around them. Split out of `keyshift.processing.driver`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+
+from keyshift.console import STEP
+from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.failpoints import FAILPOINT_ENV, armed
+from keyshift.processing.sinks import KeyedWindowSink
+from keyshift.processing.kafka_input import covers, input_reached, marker_room
+from keyshift.processing.spark_checkpoint import committed_batches, pending_events, planned_offsets
+
+
+log = logging.getLogger(__name__)
+
+def refuse_switch(control, record: dict[str, Any], job: str, exchange: str = "local_merge") -> None:
+    """End a switch asked of a key-window job or of a `global_merge` run as failed, with the
+    reason; returns None (no switch). A global_merge run keeps its windows in Redis whatever the
+    placement, so there is no state to move: restart its producers with the new strategy instead.
+
+    Key windows have no switch yet: `KeyWindowProcessor` declares its state
+    (`KEY_WINDOW_STATE_VARIABLES`) and restores it from `initialState`, but the switch's
+    conservation check and pending count read the tumbling state. `keyshift.migration.switch.
+    request_switch` refuses such a run up front (ConfigurationError); this catches a request
+    written to Redis by other means."""
+    if exchange == "global_merge":
+        reason = (f"run of job {job} uses the global_merge exchange: its windows are in Redis whatever the placement, so a switch "
+                  "has no state to move (re-place the producers instead)")
+    else:
+        reason = f"job {job} computes key windows; switching a key-window job is not supported (restart it with another strategy instead)"
+    log.warning("run %s: switch %s refused: %s", control.run_id, record.get("switch_id"), reason)
+    control.conclude(record, "failed", error=reason)
+    return None
+
+
+def conservation_check(spark, run_dir: Path, segments: list[dict[str, Any]], sink: KeyedWindowSink):
+    """The flight job's check that a switch conserved its events: pending events at the cut +
+    events processed in the new query's first batch - events that batch accounted for (windows,
+    late, dead letters) = pending events after it."""
+    def check() -> dict[str, Any]:
+        old, new = segments[-2], segments[-1]
+        first = int(new["batch_base"])
+        held = sink.pieces.held_events if sink.pieces is not None else (lambda batch_id: 0)
+        aggregates = len(sink.spec.aggregates)
+        before = pending_events(spark, run_dir / old["checkpoint"], aggregates=aggregates) + held(first - 1)
+        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0, aggregates=aggregates) + held(first)
+        batch = next((b for b in sink.ledger.batches() if b.batch_id == int(new["batch_base"])), None)
+        processed = batch.processed_events if batch else 0
+        accounted = batch.accounted_events if batch else 0
+        return {"pending_before": before, "processed_first_batch": processed, "accounted_first_batch": accounted,
+                "pending_after": after, "ok": before + processed - accounted == after}
+
+    return check
+
+
+def switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> bool:
+    """True while a test's failpoint holds the run's n-th switch (n = this segment's index + 1).
+
+    `switch.after_markers_read@n`: until a completed batch has read the end-of-input markers, so
+    that the next segment starts past them (`_watch` then writes markers again). Merely planned
+    is not enough: a switch stops the query before a planned batch's sink runs, and the new query
+    reads that batch's records again. `switch.before_markers_batch@n`: until the markers are
+    written (`hold_markers_batch` holds the batch planned to the input's end at the sink until
+    the switch refuses it), so that the next segment finds them among its input and ignores
+    them (`IngestContext.marker_floor`). Always False outside tests
+    (`keyshift.processing.failpoints`)."""
+    if FAILPOINT_ENV not in os.environ:
+        return False
+    number = int(segment["index"]) + 1
+    if armed() == ("switch.after_markers_read", number):
+        return state["markers_end"] is None or not covers(state["consumed"], state["markers_end"])
+    if armed() == ("switch.before_markers_batch", number):
+        return state["markers_end"] is None
+    return False
+
+
+def settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, config: FlightDelayJobConfig,
+                           finish_switch) -> None:
+    """A run stopped while switch `switching`'s new query ran: finish the switch if that query
+    committed a batch and the switch was not verified yet; else leave it at step `published`,
+    which the run finishes when it resumes (`_watch`), and say so.
+
+    The stop waits for the batch in the sink (`stop_at_batch_boundary`), so a stop during the new
+    query's first batch leaves that batch committed, and the switch can be verified now instead
+    of staying unfinished while the run is stopped (a `keyshift switch` or DAG waiting on it would
+    wait in vain). Redis unreachable at that moment (a restart) leaves the switch to the resumed
+    run as well; the stop itself stands.
+
+    Raises:
+        JobError: the verification failed (`in_driver.verify_and_finish`; the switch is `failed`).
+    """
+    import redis
+
+    from keyshift.migration.switch import FINAL_STATES
+
+    try:
+        record = control.current()
+        if record is None or record.get("switch_id") != switching.get("switch_id") or record.get("state") in FINAL_STATES:
+            return  # verified while the query ran
+        committed = committed_batches(checkpoint, config.topic)[0]
+        if not committed:
+            log.warning("run %s: stopped before switch %s's new query committed a batch; the switch stays at step %s and "
+                        "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record["switch_id"],
+                        record.get("step"))
+            return
+        log.info("run %s: stopped after switch %s's new query committed its first batch; verifying the switch",
+                 config.run_id, record["switch_id"], extra=STEP)
+        # the pause (the cost_aware trigger's migration cost) ends at that commit, not at the stop
+        finish_switch(record, (checkpoint / "commits" / str(committed[0])).stat().st_mtime)
+    except redis.RedisError as exc:
+        log.warning("run %s: switch %s not verified at the stop (Redis: %s); it completes when the run resumes",
+                    config.run_id, switching.get("switch_id"), exc)
+
+
+def hold_new_query_batch(sink, segment: dict[str, Any], switching: dict[str, Any] | None) -> None:
+    """Failpoint `switch.hold_first_batch@n` (n = this segment's index, the run's n-th switch): the
+    sink holds the first batch of switch n's new query for `HOLD_SECONDS` after its outputs, so
+    that a stop asked meanwhile comes before the switch is verified. A no-op outside tests."""
+    if FAILPOINT_ENV in os.environ and switching is not None and armed() == ("switch.hold_first_batch", int(segment["index"])):
+        sink.hold_after_outputs_of = int(segment["batch_base"])
+
+
+def hold_markers_batch(sink, segment: dict[str, Any], config: FlightDelayJobConfig, target: dict[int, int] | None,
+                        checkpoint: Path) -> None:
+    """Failpoint `switch.before_markers_batch@n` (n = this segment's index + 1): the sink holds
+    the batch planned to the input's end (the one after which the driver writes the markers)
+    until switch n's barrier refuses it, so that the cut comes right before it. A no-op outside
+    tests and in runs without `--limit`."""
+    if FAILPOINT_ENV not in os.environ or target is None or armed() != ("switch.before_markers_batch", int(segment["index"]) + 1):
+        return
+    room = marker_room(config.max_offsets_per_trigger, config.partitions)
+    sink.hold_until_barrier = lambda: input_reached(target, {}, planned_offsets(checkpoint, config.topic), room)
