@@ -52,7 +52,7 @@ from pathlib import Path
 from keyshift import names
 from keyshift.errors import JobError, StackError
 from keyshift.orchestration import pipeline
-from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, SupervisorSpec, spec_path
+from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, SupervisorSpec, driver_record, spec_path, stop_driver
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
 from keyshift.stack.spark import jars_option, loopback_env
@@ -130,11 +130,6 @@ def spark_submit_binary() -> str:
     if found:
         return found
     raise StackError(f"{pipeline.SPARK_SUBMIT} not found in {pipeline.venv_bin()} nor on PATH; run `make env`")
-
-
-def driver_record(settings: Settings, run_id: str) -> process.ProcessRecord | None:
-    """The pid-file record of the run's driver when that very process still runs, else None."""
-    return process.running_record(pipeline.run_dir(settings, run_id), DRIVER)
 
 
 def supervisor_record(settings: Settings, run_id: str) -> process.ProcessRecord | None:
@@ -399,54 +394,3 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
         stop_driver(settings, run_id, timeout_s)
     log.info("Run %s stopped", run_id)
     return True
-
-
-def stop_driver(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
-    """Stop the run's driver gracefully: SIGTERM to the job's Python driver, then its group.
-
-    The job stops at a batch boundary on SIGTERM and writes its summary (state `stopped`); the
-    spark-submit JVM that leads the session then exits by itself. Signalling the whole group at
-    once would take the JVM down under the Python driver mid-stop, so the Python driver (the
-    record's `pid`, written by the job) is signalled first, and only if it is a member of the
-    driver's session. Whatever still runs after `timeout_s` is stopped by
-    `keyshift.stack.process.stop` (SIGTERM to the group, SIGKILL after another `timeout_s`).
-    Used by the supervisor on a stop request, and by `stop_job` for a driver left unsupervised.
-    It does not record a stop request: `stop_job` does.
-
-    Args:
-        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait at each step.
-
-    Returns:
-        True if a live driver was stopped, False if there was none.
-
-    Raises:
-        StackError: Redis unreachable.
-    """
-    live = driver_record(settings, run_id)
-    if live is None:
-        log.info("Run %s has no live driver to stop", run_id)
-        return False
-    client = _redis(settings)
-    try:
-        job_pid = int(client.hget(names.redis_run_key(run_id), "pid") or 0)
-    finally:
-        client.close()
-    if job_pid and job_pid != live.pid and _in_session(job_pid, live.pid):
-        log.info("Stopping run %s: SIGTERM to its Python driver %d", run_id, job_pid)
-        os.kill(job_pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and driver_record(settings, run_id) is not None:
-            time.sleep(0.5)
-    if driver_record(settings, run_id) is not None:
-        log.info("Stopping run %s: SIGTERM to the process group of %d", run_id, live.pid)
-    process.stop(pipeline.run_dir(settings, run_id), DRIVER, timeout_s=timeout_s)
-    log.info("Driver of run %s stopped", run_id)
-    return True
-
-
-def _in_session(pid: int, session_id: int) -> bool:
-    """Whether live process `pid` belongs to the session led by `session_id` (never signal strangers)."""
-    try:
-        return os.getsid(pid) == session_id
-    except (ProcessLookupError, PermissionError):
-        return False

@@ -20,7 +20,7 @@ original arguments (the driver refuses `--resume` without one). An exit code 0 i
 end (a bounded run drained, or a continuous run stopped on SIGTERM) and is never restarted.
 
 Stopping: SIGTERM or SIGINT to the supervisor (what `launch.stop_job` sends) means "stop the run":
-the supervisor stops the driver gracefully (`launch.stop_driver`: SIGTERM to the job's Python
+the supervisor stops the driver gracefully (`stop_driver`: SIGTERM to the job's Python
 driver, so it ends at a batch boundary and writes its summary; the group is killed only after a
 timeout) and restarts nothing. A driver death is also never restarted once the run record has
 `stop_requested_at`, so a stop sent to the driver directly is honoured too.
@@ -44,11 +44,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keyshift.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from keyshift.settings import Settings
+    from keyshift.stack import process
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +150,7 @@ class SupervisorSpec:
         resume_argv: the command of a restart (`spark-submit … app --resume RUN_ID`).
         policy: the restart policy.
         cwd: the drivers' working directory.
-        stop_timeout_s: seconds a graceful stop waits at each step (`launch.stop_driver`), unless
+        stop_timeout_s: seconds a graceful stop waits at each step (`stop_driver`), unless
             the stop request in the run record says otherwise (`stop_timeout_s` field).
     """
 
@@ -225,6 +230,70 @@ def describe_restart(entry: dict[str, Any], number: int, record: dict[str, str] 
     source = "its checkpoint" if entry.get("from", "checkpoint") == "checkpoint" else "the start (no checkpoint yet)"
     return (f"driver died ({died}), restart {number} of {record.get('max_restarts', '?')} "
             f"in {delay_text} s from {source}")
+
+
+def driver_record(settings: Settings, run_id: str) -> process.ProcessRecord | None:
+    """The pid-file record of the run's driver when that very process still runs, else None."""
+    from keyshift.orchestration import pipeline
+    from keyshift.stack import process
+
+    return process.running_record(pipeline.run_dir(settings, run_id), pipeline.DRIVER_NAME)
+
+
+def stop_driver(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
+    """Stop the run's driver gracefully: SIGTERM to the job's Python driver, then its group.
+
+    The job stops at a batch boundary on SIGTERM and writes its summary (state `stopped`); the
+    spark-submit JVM that leads the session then exits by itself. Signalling the whole group at
+    once would take the JVM down under the Python driver mid-stop, so the Python driver (the
+    record's `pid`, written by the job) is signalled first, and only if it is a member of the
+    driver's session. Whatever still runs after `timeout_s` is stopped by
+    `keyshift.stack.process.stop` (SIGTERM to the group, SIGKILL after another `timeout_s`).
+    Used by the supervisor on a stop request, and by `stop_job` for a driver left unsupervised.
+    It does not record a stop request: `stop_job` does.
+
+    Args:
+        settings: Redis and the runs folder. run_id: the run. timeout_s: seconds to wait at each step.
+
+    Returns:
+        True if a live driver was stopped, False if there was none.
+
+    Raises:
+        StackError: Redis unreachable.
+    """
+    from keyshift import names
+    from keyshift.orchestration import pipeline
+    from keyshift.runs import redis_client
+    from keyshift.stack import process
+
+    live = driver_record(settings, run_id)
+    if live is None:
+        log.info("Run %s has no live driver to stop", run_id)
+        return False
+    client = redis_client(settings)
+    try:
+        job_pid = int(client.hget(names.redis_run_key(run_id), "pid") or 0)
+    finally:
+        client.close()
+    if job_pid and job_pid != live.pid and _in_session(job_pid, live.pid):
+        log.info("Stopping run %s: SIGTERM to its Python driver %d", run_id, job_pid)
+        os.kill(job_pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and driver_record(settings, run_id) is not None:
+            time.sleep(0.5)
+    if driver_record(settings, run_id) is not None:
+        log.info("Stopping run %s: SIGTERM to the process group of %d", run_id, live.pid)
+    process.stop(pipeline.run_dir(settings, run_id), pipeline.DRIVER_NAME, timeout_s=timeout_s)
+    log.info("Driver of run %s stopped", run_id)
+    return True
+
+
+def _in_session(pid: int, session_id: int) -> bool:
+    """Whether live process `pid` belongs to the session led by `session_id` (never signal strangers)."""
+    try:
+        return os.getsid(pid) == session_id
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _utcnow_iso() -> str:
@@ -318,8 +387,6 @@ class Supervisor:
 
     def _wait(self, pid: int) -> DriverExit:
         """Wait for child `pid` to end; on a stop request, stop it gracefully first."""
-        from keyshift.orchestration.launch import stop_driver
-
         stopping = False
         while True:
             try:

@@ -1,6 +1,6 @@
 """A run stopped while a switch's new query runs its first batch still finishes the switch.
 
-A stop request (SIGTERM, what `launch.stop_driver` sends) that comes after a switch's new query
+A stop request (SIGTERM, what `supervisor.stop_driver` sends) that comes after a switch's new query
 started and before the driver verified the switch used to return at once: the switch record
 stayed at step `published`, state `running`, for as long as the run stayed stopped, and a
 `keyshift switch` or the `keyshift_switch` DAG waiting on it waited in vain. The stop waits for

@@ -9,7 +9,7 @@ committed, refuse the next one, and write a summary in which ledger, windows tab
 checkpoint agree.
 
 Failpoint `sink.hold_after_outputs@2` holds batch 2 in the sink for `HOLD_SECONDS` after its
-outputs; the test sends SIGTERM (what `launch.stop_driver` sends) as soon as batch 2's ledger file
+outputs; the test sends SIGTERM (what `supervisor.stop_driver` sends) as soon as batch 2's ledger file
 appears, so the stop lands in that gap every time.
 """
 
