@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -253,11 +254,15 @@ def run_records(stack_settings):
         run_id = f"{topic}-{len(written)}"
         client.hset(names.redis_run_key(run_id), mapping={"run_id": run_id, "topic": topic, "state": state, "strategy": strategy,
                                                           "partitions": str(partitions), "started_at": str(started_at)})
+        if state == "running":  # a run whose query started has its job record (a switch before that is refused)
+            (stack_settings.runs_dir / run_id).mkdir(parents=True, exist_ok=True)
+            (stack_settings.runs_dir / run_id / "job.json").write_text("{}")
         written.append(run_id)
         return run_id
 
     yield topic, write, client
     for run_id in written:
+        shutil.rmtree(stack_settings.runs_dir / run_id, ignore_errors=True)
         client.delete(names.redis_run_key(run_id), names.redis_switch_record_key(run_id))
     client.delete(names.redis_switch_requests_key(topic))
     client.close()
