@@ -122,6 +122,7 @@ def run_demo(
     Raises:
         KeyshiftError subclasses from each step (stack down, data missing, job failure).
     """
+    from keyshift.data.flights import flights_path
     from keyshift.data.replay import replay_flights
     from keyshift.processing.driver import StopSignals
     from keyshift.processing.session import build_spark_session, job_spark_conf
@@ -140,7 +141,7 @@ def run_demo(
         if missing:
             create_topics(settings, missing, 8)
     if strategy in LEARNED_STRATEGIES:  # the replay and the job read what this publishes
-        learn_and_publish(settings, topic, strategy, partitions, limit)
+        learn_and_publish(settings, topic, strategy, partitions, limit, flights=flights_path(settings))
     replay = replay_flights(settings, topic, limit=limit, rate=rate, strategy=strategy, partitions=partitions, progress=progress)
     log.info("demo %s: replayed %d flights; starting Spark", run_id, replay.events_produced, extra=STEP)
 

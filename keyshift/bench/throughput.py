@@ -421,12 +421,13 @@ def _replayed_topic(settings: Settings, topic: str, config: Config, flights: int
     assignment, and replay the first `flights` flights (None: all) placed by `config.strategy`;
     returns the replay's report (`events_produced`, ...)."""
     from keyshift.data.replay import replay_flights
+    from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
     from keyshift.topics import create_topics
 
     create_topics(settings, [topic], config.partitions, recreate=True)
     if config.strategy in LEARNED_STRATEGIES:
-        learn_and_publish(settings, topic, config.strategy, config.partitions, flights)
+        learn_and_publish(settings, topic, config.strategy, config.partitions, flights, flights=flights_path(settings))
     return replay_flights(settings, topic, limit=flights, strategy=config.strategy, partitions=config.partitions, progress=False)
 
 

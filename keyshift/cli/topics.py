@@ -9,6 +9,7 @@ import click
 from keyshift import stack, topics
 from keyshift.errors import ConfigurationError
 from keyshift.names import FLIGHT_TOPICS
+from keyshift.data.flights import flights_path
 from keyshift.placement.learning import LEARN_FRACTION, LEARNED_STRATEGIES, learn_and_publish
 from keyshift.placement.strategies import STRATEGY_NAMES, strategy_by_name
 from keyshift.settings import Settings
@@ -99,7 +100,8 @@ def create(
     for name, what in outcome.items():
         click.echo(f"{name:<28} {what:<10} {count} partitions")
     if strategy in LEARNED_STRATEGIES:
-        learned = learn_and_publish(settings, input_topic or names[0], strategy, count, learn_limit, learn_fraction)
+        learned = learn_and_publish(settings, input_topic or names[0], strategy, count, learn_limit, learn_fraction,
+                                    flights=flights_path(settings))
         click.echo(
             f"{learned.strategy} assignment for {learned.name}: epoch {learned.epoch}, {learned.keys} keys over "
             f"{learned.partitions} slots, learned from the first {learned.events:,} flights; "

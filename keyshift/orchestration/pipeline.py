@@ -247,6 +247,7 @@ def publish_assignment(
         ConfigurationError: a job or strategy the pipeline does not offer. StackError: Redis is
             down. DataError: the flights are not fetched.
     """
+    from keyshift.data.flights import flights_path
     from keyshift.placement.learning import learn_and_publish
     from keyshift.processing.flight_delays import LEARNED_STRATEGIES
 
@@ -258,7 +259,8 @@ def publish_assignment(
     if job == "ysb":
         log.info("%s for %r is learned and published by the YSB generator (the replay task) from its own events", strategy, topic)
         return None
-    learned = learn_and_publish(settings, topic, strategy, partitions, limit if is_bounded(limit) else None)
+    learned = learn_and_publish(settings, topic, strategy, partitions, limit if is_bounded(limit) else None,
+                                flights=flights_path(settings))
     log.info(
         "Published %s for %r: epoch %d, %d keys learned from %d flights, split keys %s",
         strategy, topic, learned.epoch, learned.keys, learned.events,

@@ -25,7 +25,6 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from keyshift.data.flights import flights_path
 from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.placement.assignment_store import AssignmentStore, CachedAssignment
 from keyshift.placement.strategies import HotSplitStrategy, LeastCountStrategy, LeastKeyStrategy
@@ -151,6 +150,7 @@ def learn_and_publish(
     limit: int | None = None,
     fraction: float = LEARN_FRACTION,
     *,
+    flights: Path,
     d: int = 2,
 ) -> LearnedAssignment:
     """Learn `strategy` from the head of the flights and publish it under `topic` with a new epoch.
@@ -166,6 +166,8 @@ def learn_and_publish(
         partitions: P >= 1, the topic's partition count.
         limit: flights the replay will produce (events), None = all 3,000,000.
         fraction: share of those flights to learn from, 0 < fraction <= 1 (default 10 %).
+        flights: the flights file (`keyshift.data.flights.flights_path`, which raises DataError
+            when they are not fetched).
         d: hot_split only: least slots per hot key, >= 2.
 
     Returns:
@@ -174,11 +176,10 @@ def learn_and_publish(
     Raises:
         PlacementError: a strategy that is not learned, bad P or d.
         ConfigurationError: a bad fraction or limit.
-        DataError: the flights are not fetched (run `keyshift data fetch flights`).
         StackError: Redis unreachable (run `keyshift stack up`).
     """
     check_learned_strategy(strategy)
-    counts, events = learning_counts(flights_path(settings), fraction, limit)
+    counts, events = learning_counts(flights, fraction, limit)
     return publish_learned(settings, topic, strategy, partitions, counts, events, d=d, source="flights")
 
 

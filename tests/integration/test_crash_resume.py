@@ -235,6 +235,7 @@ def test_a_service_restarted_mid_run_costs_nothing(stack_settings, oracle, servi
     from keyshift import stack
     from keyshift.data.replay import replay_flights
     from keyshift.placement.assignment_store import AssignmentStore
+    from keyshift.data.flights import flights_path
     from keyshift.placement.learning import learn_and_publish
     from keyshift.topics import create_topics, end_offsets
 
@@ -242,7 +243,8 @@ def test_a_service_restarted_mid_run_costs_nothing(stack_settings, oracle, servi
     producer_topic, produced, producer_errors = f"{topic}-producer", 30_000, []
     if service == "redis":
         create_topics(stack_settings, [producer_topic], PARTITIONS)
-        learn_and_publish(stack_settings, producer_topic, "least_count", PARTITIONS, limit=produced)
+        learn_and_publish(stack_settings, producer_topic, "least_count", PARTITIONS, limit=produced,
+                          flights=flights_path(stack_settings))
         before = AssignmentStore.from_settings(stack_settings, producer_topic).snapshot()
     log = tmp_path / "driver.log"
     process = _start(_job_args(topic, run_id), log)

@@ -25,6 +25,7 @@ MINUTE_MS = 60_000
 
 def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]) -> dict:
     from keyshift.data.replay import replay_flights
+    from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
     from keyshift.processing.driver import run_flight_delays
     from keyshift.topics import create_topics
@@ -32,7 +33,7 @@ def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]
     topic = f"it-keywm-{strategy}-{uuid.uuid4().hex[:6]}"
     create_topics(settings, [topic], partitions)
     if strategy in LEARNED_STRATEGIES:
-        learn_and_publish(settings, topic, strategy, partitions, FLIGHTS)
+        learn_and_publish(settings, topic, strategy, partitions, FLIGHTS, flights=flights_path(settings))
     replay_flights(settings, topic, limit=FLIGHTS, strategy=strategy, partitions=partitions, progress=False)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     runs = {}

@@ -37,7 +37,7 @@ def head_counts(settings: Settings, rows: int) -> dict[str, int]:
 
 
 def test_hot_split_at_32_slots_publishes_its_split_keys(settings: Settings, name: str) -> None:
-    learned = learn_and_publish(settings, name, "hot_split", 32)
+    learned = learn_and_publish(settings, name, "hot_split", 32, flights=flights_path(settings))
     assert learned.events == 300_000 and learned.epoch == 1
     reference = HotSplitStrategy.from_counts(head_counts(settings, 300_000), 32)
     expected_split = {k: s for k, s in reference.assignment.items() if len(s) > 1}
@@ -51,12 +51,12 @@ def test_hot_split_at_32_slots_publishes_its_split_keys(settings: Settings, name
 
 
 def test_least_key_learns_in_arrival_order_from_ten_percent_of_the_limit(settings: Settings, name: str) -> None:
-    learn_and_publish(settings, name, "least_key", 8, limit=50_000)
+    learn_and_publish(settings, name, "least_key", 8, limit=50_000, flights=flights_path(settings))
     view = published_assignment(settings, name, "least_key", 8)
     assert isinstance(view, CachedAssignment) and view.key_affine and view.epoch == 1
     reference = LeastKeyStrategy.from_counts(head_counts(settings, 5_000), 8)
     snap = AssignmentStore.from_settings(settings, name).snapshot()
     assert snap["mapping"] == reference.assignment and snap["split"] == {}
     assert snap["loads"] == reference.loads
-    again = learn_and_publish(settings, name, "least_count", 8, limit=50_000)
+    again = learn_and_publish(settings, name, "least_count", 8, limit=50_000, flights=flights_path(settings))
     assert again.epoch == 2 and again.split == {}

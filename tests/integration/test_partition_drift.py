@@ -71,11 +71,12 @@ def drifted(settings):
 
 
 def _run(settings, spark, topic: str, flights: int, strategy: str, partitions: int, mode: str) -> dict:
+    from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
     from keyshift.processing.driver import run_flight_delays
 
     if strategy in LEARNED_STRATEGIES:
-        learn_and_publish(settings, topic, strategy, partitions, None)
+        learn_and_publish(settings, topic, strategy, partitions, None, flights=flights_path(settings))
     config = FlightDelayJobConfig(
         run_id=f"it-drift-{strategy}-{mode}-{uuid.uuid4().hex[:6]}", strategy=strategy, partitions=partitions, topic=topic,
         bound_ms=MINUTE_MS, max_offsets_per_trigger=PER_TRIGGER, limit=flights, watermark=mode,
@@ -121,11 +122,12 @@ def _cli(settings, topic: str, run_id: str, flights: int, mode: str = "key", ext
 
 
 def test_a_drifted_backfill_killed_mid_way_resumes_to_the_same_windows(settings, drifted, tmp_path):
+    from keyshift.data.flights import flights_path
     from keyshift.placement.learning import learn_and_publish
     from tests.integration.flight_runs import KEYSHIFT, batches_done, start, wait_for
 
     topic, reference, flights = drifted["popularity"][8]
-    learn_and_publish(settings, topic, "least_count", 8, None)
+    learn_and_publish(settings, topic, "least_count", 8, None, flights=flights_path(settings))
     run_id = f"it-drift-crash-{uuid.uuid4().hex[:6]}"
     run_dir = settings.runs_dir / run_id
     process = start(_cli(settings, topic, run_id, flights, extra=("--strategy", "least_count")), tmp_path / "driver.log")

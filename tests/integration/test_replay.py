@@ -101,7 +101,7 @@ def test_kafka_partitioner_adapter_places_like_kafka_pythons_default(settings: S
 
 
 def test_learned_least_count_replays_through_the_published_assignment(settings: Settings, topic: str, read_topic) -> None:
-    learned = learn_and_publish(settings, topic, "least_count", PARTITIONS, limit=EVENTS)
+    learned = learn_and_publish(settings, topic, "least_count", PARTITIONS, limit=EVENTS, flights=flights_path(settings))
     result = replay_flights(settings, topic, limit=EVENTS, strategy="least_count", progress=False, workers=2)
     assert (result.strategy, result.epoch) == ("least_count", learned.epoch)
     mapping = AssignmentStore.from_settings(settings, topic).snapshot()["mapping"]  # incl. keys placed since
