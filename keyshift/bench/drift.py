@@ -51,7 +51,7 @@ steady events/s over the batches after the first that read rows
 peak state store memory and rows (Spark's `memoryUsedBytes` and `numRowsTotal`, max over the
 batches of `progress.jsonl`); the event-time spread between the active partitions' clocks at
 each batch start (`drift_ms` of `runs/<run_id>/partition-clocks/in-force-<b>.json`) and its
-largest value; whether the windows equal pandas' (`keyshift.data.drift.reference_of`) row by row
+largest value; whether the windows equal pandas' (`keyshift.quality.reference.reference_of`) row by row
 (`keyshift.quality.reference.compare_to_reference`); the summary's `reconciled` flag.
 
 **Targets** (issue 32; `evaluate_targets`): 0 late, 0 dead letters and windows equal to pandas in
@@ -282,7 +282,7 @@ def open_at_end_events(reference: Any, last_event_ms: int, delay_ms: int = PLAIN
     after that is never written, though none of its events was late.
 
     Args:
-        reference: the pandas windows (`keyshift.data.drift.reference_of`: `window_start`
+        reference: the pandas windows (`keyshift.quality.reference.reference_of`: `window_start`
             datetime64[ns, UTC], `count` int).
         last_event_ms: the largest event time of the input, ms since the epoch (UTC).
         delay_ms: the watermark delay, ms (default the plain job's 48 hours).
@@ -538,7 +538,8 @@ def _write_topics(settings: Settings, config: DriftBenchSettings,
                   say: Callable[[str], None]) -> tuple[dict[str, str], dict[str, Any], int, str, int]:
     """Build both frames, create both topics and write them; return (topics, pandas references,
     flights per topic, a sentence on the baseline, the drifted frame's largest event time in ms)."""
-    from keyshift.data.drift import plain_flights, reference_of, shifted_flights, write_plain
+    from keyshift.data.drift import plain_flights, shifted_flights, write_plain
+    from keyshift.quality.reference import reference_of
     from keyshift.data.flights import flights_path
     from keyshift.data.replay import replay_flights
     from keyshift.kafka_clients import client_options

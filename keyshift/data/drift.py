@@ -11,10 +11,10 @@ partitioner picks by key):
 * `partition_offsets`: each flight's event time is shifted by 30 days times the Kafka partition of
   its key, so whole partitions start months apart.
 
-The frame `shifted_flights` returns is the truth of what goes to Kafka: `reference_of` computes
-the windows a correct run over that topic must produce (the same table as
-`keyshift.quality.reference.reference_windows`, so `compare_to_reference` checks a run against
-it unchanged).
+The frame `shifted_flights` returns is the truth of what goes to Kafka:
+`keyshift.quality.reference.reference_of` computes the windows a correct run over that topic must
+produce (the same table as `reference_windows`, so `compare_to_reference` checks a run against it
+unchanged).
 
 Record format written by `write_plain` (as `keyshift.data.replay`'s, but with `json.dumps`'
 default separators and no explicit partition):
@@ -58,9 +58,7 @@ from kafka.errors import KafkaError
 
 from keyshift.data.replay import RECORD_FIELDS, event_time_ms
 from keyshift.errors import ConfigurationError, DataError, StackError
-from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.murmur2 import murmur2, to_positive
-from keyshift.quality.reference import KEY_COLUMNS, VALUE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -279,49 +277,6 @@ def _offset_partitions(frame: pd.DataFrame, partitions: int) -> pd.DataFrame:
     codes, keys = pd.factorize(frame["origin"])
     shifts = np.array([offset_days(default_partition(k, partitions)) * DAY_MS for k in keys], dtype=np.int64)
     return frame.assign(event_time=frame["event_time"].to_numpy() + shifts[codes])
-
-
-def reference_of(frame: pd.DataFrame, window_ms: int = HOUR_MS) -> pd.DataFrame:
-    """Count, sum and max of delay_min per (origin, tumbling event-time window) of a drift frame.
-
-    The table `keyshift.quality.reference.reference_windows` computes from the file, computed
-    from `frame` instead (pandas only, no Spark, no Kafka), with the same columns, dtypes and
-    order, so `compare_to_reference(windows_dir, reference_of(frame))` checks a run over the
-    topic `write_plain(..., frame, ...)` wrote. Windows are aligned to the epoch:
-    window_start = event_time - event_time % window_ms.
-
-    Args:
-        frame: rows with columns origin (str), delay_min (int, minutes), event_time (int, epoch
-            ms UTC), e.g. from `shifted_flights`; other columns are ignored.
-        window_ms: window size, ms of event time, int >= 1.
-
-    Returns:
-        A frame with columns origin (object), window_start (datetime64[ns, UTC]),
-        count, sum_delay_min, max_delay_min (int64 each), one row per non-empty window, sorted by
-        origin and window_start, index 0..n-1.
-
-    Raises:
-        ConfigurationError: `window_ms` is not an int >= 1.
-        DataError: a column is missing or holds nulls.
-    """
-    if isinstance(window_ms, bool) or not isinstance(window_ms, (int, np.integer)) or window_ms < 1:
-        raise ConfigurationError(f"window_ms must be an int >= 1, got {window_ms!r}")
-    _check_columns(frame, ["origin", "delay_min", "event_time"])
-    times_ms = frame["event_time"].astype("int64")
-    starts = times_ms - times_ms % window_ms
-    grouped = (
-        pd.DataFrame({
-            "origin": frame["origin"].astype(object),
-            "window_start": pd.to_datetime(starts, unit="ms", utc=True),
-            "delay": frame["delay_min"].astype("int64"),
-        })
-        .groupby(KEY_COLUMNS)["delay"]
-        .agg(count="count", sum_delay_min="sum", max_delay_min="max")
-        .reset_index()
-    )
-    grouped = grouped.astype({"origin": object, "window_start": "datetime64[ns, UTC]",
-                              **{c: "int64" for c in VALUE_COLUMNS}})
-    return grouped.sort_values(KEY_COLUMNS).reset_index(drop=True)
 
 
 def record_value(event_id: int, origin: str, destination: str, delay_min: int, distance_mi: int,

@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from keyshift.errors import ConfigurationError, DataError
 from keyshift.eventtime.windows import HOUR_MS
 
 KEY_COLUMNS = ["origin", "window_start"]
@@ -48,6 +50,53 @@ def reference_windows(flights_file: Path, limit: int | None = None, window_ms: i
         .agg(count="count", sum_delay_min="sum", max_delay_min="max")
         .reset_index()
     )
+    return grouped.sort_values(KEY_COLUMNS).reset_index(drop=True)
+
+
+def reference_of(frame: pd.DataFrame, window_ms: int = HOUR_MS) -> pd.DataFrame:
+    """Count, sum and max of delay_min per (origin, tumbling event-time window) of a drift frame.
+
+    The table `reference_windows` computes from the file, computed from `frame` instead (pandas only, no Spark, no Kafka), with the same columns, dtypes and
+    order, so `compare_to_reference(windows_dir, reference_of(frame))` checks a run over the
+    topic `keyshift.data.drift.write_plain(..., frame, ...)` wrote. Windows are aligned to the epoch:
+    window_start = event_time - event_time % window_ms.
+
+    Args:
+        frame: rows with columns origin (str), delay_min (int, minutes), event_time (int, epoch
+            ms UTC), e.g. from `keyshift.data.drift.shifted_flights`; other columns are ignored.
+        window_ms: window size, ms of event time, int >= 1.
+
+    Returns:
+        A frame with columns origin (object), window_start (datetime64[ns, UTC]),
+        count, sum_delay_min, max_delay_min (int64 each), one row per non-empty window, sorted by
+        origin and window_start, index 0..n-1.
+
+    Raises:
+        ConfigurationError: `window_ms` is not an int >= 1.
+        DataError: a column is missing or holds nulls.
+    """
+    if isinstance(window_ms, bool) or not isinstance(window_ms, (int, np.integer)) or window_ms < 1:
+        raise ConfigurationError(f"window_ms must be an int >= 1, got {window_ms!r}")
+    missing = [n for n in ("origin", "delay_min", "event_time") if n not in frame.columns]
+    if missing:
+        raise DataError(f"frame lacks columns {missing} (has {list(frame.columns)})")
+    for name in ("origin", "delay_min", "event_time"):
+        if nulls := int(frame[name].isna().sum()):
+            raise DataError(f"frame column {name!r} holds {nulls} nulls")
+    times_ms = frame["event_time"].astype("int64")
+    starts = times_ms - times_ms % window_ms
+    grouped = (
+        pd.DataFrame({
+            "origin": frame["origin"].astype(object),
+            "window_start": pd.to_datetime(starts, unit="ms", utc=True),
+            "delay": frame["delay_min"].astype("int64"),
+        })
+        .groupby(KEY_COLUMNS)["delay"]
+        .agg(count="count", sum_delay_min="sum", max_delay_min="max")
+        .reset_index()
+    )
+    grouped = grouped.astype({"origin": object, "window_start": "datetime64[ns, UTC]",
+                              **{c: "int64" for c in VALUE_COLUMNS}})
     return grouped.sort_values(KEY_COLUMNS).reset_index(drop=True)
 
 

@@ -61,7 +61,7 @@ def _topic(settings, frame, variant: str, partitions: int) -> str:
 @pytest.fixture(scope="module")
 def drifted(settings):
     """variant -> P -> (topic, pandas reference, flights), written once for the module."""
-    from keyshift.data.drift import reference_of
+    from keyshift.quality.reference import reference_of
 
     found: dict = {}
     for variant, partitions in FIXTURES:

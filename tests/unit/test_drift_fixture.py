@@ -20,7 +20,6 @@ from keyshift.data.drift import (
     offset_days,
     partition_counts,
     record_value,
-    reference_of,
     shifted_flights,
     split_keys,
     swap_pairs,
@@ -28,7 +27,7 @@ from keyshift.data.drift import (
 )
 from keyshift.data.replay import RECORD_FIELDS
 from keyshift.errors import ConfigurationError, DataError
-from keyshift.quality.reference import reference_windows
+from keyshift.quality.reference import reference_of, reference_windows
 
 # Origin -> flights of the synthetic file. Ranked: A B C D E F G H I J (n = 10, median rank 5 = F).
 # swapped=2: busy A, B; eligible quiet (>= 300, not busy): C D E F G H; the first at or below the
