@@ -1,9 +1,9 @@
-"""keyshift's jobs: each a `keyshift.processing.spec.JobSpec` run by the keyed window engine."""
+"""keyshift's jobs: each a `keyshift.jobs.spec.JobSpec` run by the keyed window engine."""
 
 from __future__ import annotations
 
 from keyshift.errors import ConfigurationError
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 
 def job_specs() -> dict[str, JobSpec]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, FLIGHTS_TOPIC, LATE_TOPIC
-from keyshift.processing.spec import Aggregate, JobSpec, JobTopics, RecordField
+from keyshift.jobs.spec import Aggregate, JobSpec, JobTopics, RecordField, window_columns, window_table_schema
 
 ALERT_MIN_MEAN_DELAY_MIN = 30.0
 """An origin-hour alerts when its mean delay is at least this many minutes ..."""
@@ -61,12 +61,5 @@ FLIGHT_DELAYS = JobSpec(
 """The flight delay job's spec."""
 
 
-def _engine_names():
-    """The engine's shapes for this job (windows table columns and schema), computed once."""
-    from keyshift.processing.sinks import window_columns, window_table_schema
-
-    return window_columns(FLIGHT_DELAYS), window_table_schema(FLIGHT_DELAYS)
-
-
-WINDOW_COLUMNS, WINDOW_TABLE_SCHEMA = _engine_names()
+WINDOW_COLUMNS, WINDOW_TABLE_SCHEMA = window_columns(FLIGHT_DELAYS), window_table_schema(FLIGHT_DELAYS)
 """Columns of the flights' windows table, in order, and its Arrow schema."""

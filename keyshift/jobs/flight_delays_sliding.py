@@ -16,7 +16,7 @@ import numpy as np
 
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.spec import Aggregate, JobSpec
+from keyshift.jobs.spec import Aggregate, JobSpec
 
 MINUTE_MS = 60_000
 """The slide: one minute of event time."""

@@ -27,7 +27,7 @@ from keyshift.names import (
     redis_ysb_ad_campaign_key,
     redis_ysb_ad_campaign_version_key,
 )
-from keyshift.processing.spec import JobSpec, JobTopics, Keep, KeyLookup, RecordField
+from keyshift.jobs.spec import JobSpec, JobTopics, Keep, KeyLookup, RecordField
 
 
 def no_outputs(counts: np.ndarray, aggregates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -46,7 +46,7 @@ from keyshift.processing.ingest import (
 from keyshift.processing.exchange import check_exchange, parse_emit
 from keyshift.processing.local_merge import partial_schema, partials_function
 from keyshift.processing.processor import KeyedWindowProcessor, output_schema
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 RULE_STRATEGIES = ("hash", "modulo")
 """Strategies each executor can compute itself: a pure function of the key."""

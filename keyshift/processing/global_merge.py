@@ -49,7 +49,7 @@ from keyshift.errors import StackError
 from keyshift.names import REDIS_PREFIX
 from keyshift.processing.output_rows import OutputRows, rows_frame
 from keyshift.processing.processor import KIND_LOAD, KeyedWindowProcessor, output_schema
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from keyshift.eventtime.plausibility import BatchReference, PlausibilityLimits, 
 from keyshift.processing.records import (
     END_OF_INPUT_PREFIX, FILTERED, MAX_CODE_BYTES, key_mismatch, record_columns,
 )
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 from keyshift.processing.strict_records import control_marker, java_utf8_decode, strict_record
 
 EVENT_TS_COLUMN = "event_ts"

@@ -2,7 +2,7 @@
 
 The Yahoo Streaming Benchmark joins every ad event to its campaign through the ad -> campaign
 map its generator writes to Redis (`keyshift.data.ysb`; the published jobs cache it per task and
-ask Redis on a miss). A spec with `key_lookup` (`keyshift.processing.spec.KeyLookup`) does the
+ask Redis on a miss). A spec with `key_lookup` (`keyshift.jobs.spec.KeyLookup`) does the
 same here, inside Local Merge's `mapInArrow` function, before the partials are cut:
 
 - each Python worker keeps one copy of the map per (Redis, hash) (`KeyMapCache`), read whole
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from keyshift.errors import StackError
 from keyshift.processing.records import key_mismatch
-from keyshift.processing.spec import JobSpec, KeyLookup
+from keyshift.jobs.spec import JobSpec, KeyLookup
 
 
 def resolve_keys(events: pa.Table, spec: JobSpec, values: pa.Array, keys: pa.Array) -> pa.Table:

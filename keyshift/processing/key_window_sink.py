@@ -33,7 +33,7 @@ from keyshift.processing.key_window_processor import (
 )
 from keyshift.processing.ledger import BatchCounts, run_totals
 from keyshift.processing.sinks import KeyedWindowSink
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

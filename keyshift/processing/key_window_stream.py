@@ -1,6 +1,6 @@
 """The keyed window engine's key-window path: sliding windows of a job spec computed with key windows.
 
-A spec with `window="key_windows"` (`keyshift.processing.spec.JobSpec`; paper 003) takes this path
+A spec with `window="key_windows"` (`keyshift.jobs.spec.JobSpec`; paper 003) takes this path
 after the shared front of `keyshift.processing.flight_delays.flight_delay_stream` (parse and
 validate, this run's records, plausibility, watermark, markers dropped):
 
@@ -29,7 +29,7 @@ from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.key_window_processor import DEAD_LETTER_COLUMNS, KeyWindowColumns, KeyWindowProcessor
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 
 def key_window_columns(spec: JobSpec) -> KeyWindowColumns:

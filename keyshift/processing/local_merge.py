@@ -11,7 +11,7 @@ payload fields of its events as lists (`<column>_list`; flights: destination, de
 distance_mi), which the processor unpacks only when the partial turns out to be late (its
 window already closed) or holds a duplicate. Dead letters pass through one row each. A key split
 by hot_split yields one partial per (window, piece), each with its piece's slot token. The
-columns come from the job's spec (`keyshift.processing.spec.JobSpec`).
+columns come from the job's spec (`keyshift.jobs.spec.JobSpec`).
 
 A spec with `keep`: the records its rule left out (reason `FILTERED`) become one row per Kafka
 partition of the chunk, `count` = how many, in the dead-letter lane (reason `filtered`, first
@@ -35,7 +35,7 @@ from keyshift.placement.spark_tokens import assignment_token_lookup, token_looku
 from keyshift.placement.strategies import place_events
 from keyshift.processing.exchange import Emit, merge_segments
 from keyshift.processing.records import FILTERED, parsed_columns
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 EMIT_BATCH = Emit("batch")
 """Local Merge's default emit mode: a task's whole slice of the micro-batch at once."""

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 SNAPSHOT = re.compile(r"after-(\d+)\.parquet$")
 

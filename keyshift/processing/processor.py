@@ -1,6 +1,6 @@
 """The keyed window engine's stateful processor: tumbling windows per key, grouped by slot token.
 
-What it computes comes from the job's spec (`keyshift.processing.spec.JobSpec`): the key, the
+What it computes comes from the job's spec (`keyshift.jobs.spec.JobSpec`): the key, the
 aggregates, the output rule. The flights' names (origin, delays) below are one example.
 
 It runs inside `groupBy("token").transformWithStateInPandas(...)`: Spark calls it once per slot
@@ -77,7 +77,7 @@ from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clo
 from keyshift.migration.state import MapStateVariable, restore_initial_state
 from keyshift.processing.local_merge import list_column
 from keyshift.processing.output_rows import OutputRows, one_frame
-from keyshift.processing.spec import SPARK_TYPES, JobSpec
+from keyshift.jobs.spec import SPARK_TYPES, JobSpec
 
 KIND_WINDOW = "window"
 KIND_LATE = "late"

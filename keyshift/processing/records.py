@@ -6,7 +6,7 @@ them as Spark expressions, the reference the ingest stage is tested against reco
 also used by the demo's built-in comparison job (`keyshift.processing.builtin`).
 
 A record is one event as a JSON object whose fields a job's spec lists
-(`keyshift.processing.spec.JobSpec.fields`), Kafka key = the key field (UTF-8). For the flights
+(`keyshift.jobs.spec.JobSpec.fields`), Kafka key = the key field (UTF-8). For the flights
 (`keyshift.jobs.flight_delays`): `{"event_id": 17, "origin": "ORD", "destination": "LGA",
 "delay_min": -3, "distance_mi": 733, "event_time": 978307260000}` with `event_time` in epoch
 milliseconds UTC. Names below are the flights'; each job has its own.
@@ -33,7 +33,7 @@ this order (`REASONS` lists them):
 7. `key does not match <key>`: the Kafka key's bytes differ from the key field's UTF-8 bytes
    (placement relies on the key).
 
-A spec with `keep` (`keyshift.processing.spec.Keep`) marks a record that passes every rule but
+A spec with `keep` (`keyshift.jobs.spec.Keep`) marks a record that passes every rule but
 does not match it with the reason `FILTERED`: not a dead letter, not an event; Local Merge folds
 such records into one row per Kafka partition and the sink counts them as `filtered`. A spec
 with `key_lookup` has no key field: its key column holds the Kafka key as text (the key the
@@ -57,7 +57,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 CORRUPT_COLUMN = "_corrupt_record"
 

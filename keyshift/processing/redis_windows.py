@@ -4,7 +4,7 @@ The published jobs (yahoo/streaming-benchmarks, `CampaignProcessorCommon.writeWi
 campaign, a hash `window timestamp -> window id` and a list of the campaign's windows, and per
 window a hash with `seen_count` (views) and `time_updated` (the wall-clock time of the last
 write, from which the benchmark measures latency). A spec with `redis_windows`
-(`keyshift.processing.spec.JobSpec`) has its sink write the same per final window, under one run
+(`keyshift.jobs.spec.JobSpec`) has its sink write the same per final window, under one run
 (names in `keyshift.names`):
 
 | key | type | content |

@@ -1,7 +1,7 @@
 """Where the keyed window processor's output goes, batch by batch (`foreachBatch`).
 
 Topics, the windows table's columns and the alert rule come from the job's spec
-(`keyshift.processing.spec.JobSpec`); the flights' names below are one example.
+(`keyshift.jobs.spec.JobSpec`); the flights' names below are one example.
 
 Per micro-batch the sink collects the processor's output (windows, late events, dead letters and
 per-slot loads: small next to the input) to the driver once, then
@@ -48,27 +48,10 @@ from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
 from keyshift.processing.pieces import PieceAssembler, merge_window_rows
 from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
 from keyshift.processing.records import FILTERED
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec, window_table_schema
 
 log = logging.getLogger(__name__)
 
-_ARROW_TYPES = {"long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string()}
-
-
-def window_columns(spec: JobSpec) -> tuple[str, ...]:
-    """Columns of the windows table, in order: key, window_start, window_end, the spec's
-    `table_columns`, slot, epoch."""
-    return (spec.key, "window_start", "window_end", *spec.table_columns, "slot", "epoch")
-
-
-def window_table_schema(spec: JobSpec) -> pa.Schema:
-    """Arrow schema of the windows table (UTC microsecond timestamps for the window bounds)."""
-    types = {"count": pa.int64(), **{a: pa.int64() for a in spec.aggregate_names}, **{k: _ARROW_TYPES[v] for k, v in spec.outputs.items()}}
-    return pa.schema(
-        [(spec.key, pa.string()), ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC"))]
-        + [(c, types[c]) for c in spec.table_columns]
-        + [("slot", pa.int32()), ("epoch", pa.int64())]
-    )
 
 
 def window_row_columns(spec: JobSpec) -> tuple[str, ...]:

@@ -102,7 +102,7 @@ from keyshift.processing.records import (
     NOT_AN_OBJECT,
     key_mismatch,
 )
-from keyshift.processing.spec import JobSpec
+from keyshift.jobs.spec import JobSpec
 
 MAX_DEPTH = 1000
 """Jackson's `StreamReadConstraints` default: nesting deeper than this is malformed."""

@@ -15,8 +15,9 @@ from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.local_merge import input_columns, partial_schema, partials_of
 from keyshift.processing.processor import KeyedWindowProcessor, output_schema
 from keyshift.processing.records import reasons
-from keyshift.processing.sinks import merge_split_windows, window_columns
-from keyshift.processing.spec import Aggregate, JobSpec, JobTopics, RecordField
+from keyshift.jobs.spec import window_columns
+from keyshift.processing.sinks import merge_split_windows
+from keyshift.jobs.spec import Aggregate, JobSpec, JobTopics, RecordField
 
 MINUTE = 60_000
 T0 = 978_307_200_000

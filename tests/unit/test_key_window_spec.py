@@ -24,7 +24,7 @@ from keyshift.processing.key_window_sink import native_window_rows
 from keyshift.processing.key_window_stream import (
     check_key_window_run, key_window_columns, key_window_input_schema, tokens_of_rows,
 )
-from keyshift.processing.spec import Aggregate
+from keyshift.jobs.spec import Aggregate
 
 HOUR_MS = 60 * MINUTE_MS
 T0 = 978_307_200_000

@@ -15,7 +15,8 @@ from keyshift.placement.tokens import slot_tokens
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.processing.local_merge import input_columns, partials_of
 from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.sinks import window_columns, window_row_columns
+from keyshift.jobs.spec import window_columns
+from keyshift.processing.sinks import window_row_columns
 from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor, unpack_pending
 
 

@@ -20,8 +20,9 @@ from keyshift.processing.key_lookup import KeyMapCache, resolve_keys
 from keyshift.processing.local_merge import input_columns, partials_arrow, partials_of
 from keyshift.processing.processor import KeyedWindowProcessor
 from keyshift.processing.records import FILTERED, parse_records, reasons
-from keyshift.processing.sinks import KeyedWindowSink, window_columns
-from keyshift.processing.spec import JobSpec, Keep, KeyLookup, RecordField
+from keyshift.jobs.spec import window_columns
+from keyshift.processing.sinks import KeyedWindowSink
+from keyshift.jobs.spec import JobSpec, Keep, KeyLookup, RecordField
 
 T0 = 1_700_000_000_000
 TOKENS = slot_tokens(4)

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import types as T
 
 from keyshift.errors import ConfigurationError
@@ -326,3 +327,23 @@ class JobSpec:
         values = {"count": np.asarray(counts, np.int64), **{k: np.asarray(v, np.int64) for k, v in aggregates.items()}}
         values.update({k: np.asarray(v) for k, v in self.derive(values["count"], aggregates).items()})
         return values
+
+
+_ARROW_TYPES = {"long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string()}
+"""Arrow types of the spec's output types (`JobSpec.outputs` values)."""
+
+
+def window_columns(spec: JobSpec) -> tuple[str, ...]:
+    """Columns of the windows table, in order: key, window_start, window_end, the spec's
+    `table_columns`, slot, epoch."""
+    return (spec.key, "window_start", "window_end", *spec.table_columns, "slot", "epoch")
+
+
+def window_table_schema(spec: JobSpec) -> pa.Schema:
+    """Arrow schema of the windows table (UTC microsecond timestamps for the window bounds)."""
+    types = {"count": pa.int64(), **{a: pa.int64() for a in spec.aggregate_names}, **{k: _ARROW_TYPES[v] for k, v in spec.outputs.items()}}
+    return pa.schema(
+        [(spec.key, pa.string()), ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC"))]
+        + [(c, types[c]) for c in spec.table_columns]
+        + [("slot", pa.int32()), ("epoch", pa.int64())]
+    )
