@@ -67,7 +67,7 @@ DAY_MS = 24 * HOUR_MS
 
 GROUP_PREFIX = "#"
 """An nkey clock's map key is `#<group>`; a real key never starts with it in the flights, and a
-switch replicates such clocks to every slot (`keyshift.migration.state.MapStateVariable.broadcast`)."""
+switch replicates such clocks to every slot (`keyshift.processing.state_variables.MapStateVariable.broadcast`)."""
 
 
 BACKFILL_IDLE_LAG_MS = 8 * DAY_MS

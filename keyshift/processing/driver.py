@@ -266,7 +266,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         (segments, the watch state, the last segment's sink).
     """
     from keyshift.migration import in_driver
-    from keyshift.migration.state import initial_state_frame
+    from keyshift.processing.state_variables import initial_state_frame
     from keyshift.migration.switch import SwitchControl, step_index
     spec = config.spec
     variables = state_variables(spec)  # the job's declared state, for the switch

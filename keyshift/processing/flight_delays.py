@@ -250,7 +250,7 @@ def flight_delay_stream(
             `default_checkpoint_dir(config.run_id)`. A batch whose offsets file is not there
             fails the query (JobError) rather than being judged without its watermark.
         initial_state: after a switch, the migrated state grouped by token
-            (`keyshift.migration.state.initial_state_frame`); None: start empty.
+            (`keyshift.processing.state_variables.initial_state_frame`); None: start empty.
         watermark_floor_ms: after a switch, the old query's next watermark (ms of event time):
             lateness, window closing and the plausibility reference never go below it.
         marker_floor: after a switch, partition -> the topic's end offset when the segment was

@@ -98,7 +98,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from keyshift.errors import ConfigurationError, DataError
 from keyshift.eventtime.key_windows import STATE_BYTES_PER_EVENT, STATE_HEADER_BYTES, KeyWindowState, SlidingWindow, advance_keys
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, is_group_clock, watermark_key
-from keyshift.migration.state import MapStateVariable, restore_initial_state
+from keyshift.processing.state_variables import MapStateVariable, restore_initial_state
 from keyshift.processing.output_rows import OutputRows, one_frame
 
 KIND_KEY_WINDOW = "key_window"

@@ -74,7 +74,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, merge_clocks, watermark_key
-from keyshift.migration.state import MapStateVariable, restore_initial_state
+from keyshift.processing.state_variables import MapStateVariable, restore_initial_state
 from keyshift.processing.local_merge import list_column
 from keyshift.processing.output_rows import OutputRows, one_frame
 from keyshift.jobs.spec import SPARK_TYPES, JobSpec

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from keyshift.errors import JobError
-from keyshift.migration.state import (
-    EXPIRY_COLUMN, GROUPING_COLUMN, STATE_VAR_COLUMN, TIMER_VAR, MapStateVariable, initial_state_schema, rekey_state,
-    restore_initial_state,
+from keyshift.migration.state import rekey_state
+from keyshift.processing.state_variables import (
+    EXPIRY_COLUMN, GROUPING_COLUMN, STATE_VAR_COLUMN, TIMER_VAR, MapStateVariable, initial_state_schema, restore_initial_state,
 )
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.processing.processor import (
@@ -157,7 +157,8 @@ def test_windows_and_key_clocks_migrate_together_into_a_spark_initial_state(spar
     """Both declared variables in one initial-state frame: each variable's longs are NULL in the
     other's rows, and Spark must still get longs (not floats) for the rows that have them."""
     from keyshift.eventtime.watermarks import KeyClock
-    from keyshift.migration.state import initial_state_frame, save_migrated
+    from keyshift.migration.state import save_migrated
+    from keyshift.processing.state_variables import initial_state_frame
 
     key_clock = KeyClock(H + 7, H, 1_700_000_000_000, 60_000)  # key mode: in ORD's pending value
     state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2], key_clock))])
