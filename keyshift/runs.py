@@ -60,6 +60,29 @@ def redis_client(settings: Settings, *, decode_responses: bool = True, timeout_s
     return client
 
 
+ACTIVE_STATES = frozenset({"starting", "running", "restarting"})
+"""Run states in which a live driver is expected, or about to be (`restarting`: the supervisor
+waits `restart_delay_s` before it starts the driver again)."""
+
+TERMINAL_STATES = frozenset({"succeeded", "stopped", "failed"})
+"""Run states the job writes when it ends (`stopped`: a continuous run ended on SIGTERM/SIGINT)."""
+
+def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
+    """The Redis run record of `run_id` (empty dict if there is none).
+
+    Raises:
+        StackError: Redis cannot be reached (start it with `keyshift stack up`).
+    """
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
+    try:
+        return client.hgetall(redis_run_key(run_id))
+    except redis.RedisError as exc:
+        where = getattr(settings, "redis_address", None) or f"redis://{settings.redis_host}:{settings.redis_port}/0"
+        raise StackError(f"cannot read run {run_id} from Redis at {where}: {exc}") from exc
+    finally:
+        client.close()
+
+
 ATTEMPTS_FILE = "attempts.jsonl"
 """`runs/<run_id>/attempts.jsonl`: one line per attempt at the run (the first start, then each
 `--resume`): `attempt`, `started_at` (epoch seconds, once Spark is up) and `events_at_start`

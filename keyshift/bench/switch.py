@@ -479,7 +479,7 @@ def run_switching(
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from keyshift.migration.switch import request_switch
-    from keyshift.orchestration.launch import read_run_record
+    from keyshift.runs import read_run_record
     from keyshift.processing.kafka_input import send_end_of_input  # what a bounded run writes once drained
 
     start, switches = sequence[0], sequence[1:]

@@ -617,7 +617,7 @@ class _Conductor(threading.Thread):
         raise JobError("aborted")
 
     def run(self) -> None:
-        from keyshift.orchestration.launch import read_run_record
+        from keyshift.runs import read_run_record
         from keyshift.processing.kafka_input import send_end_of_input
 
         try:

@@ -200,7 +200,7 @@ def sample_key_loads(settings: Settings, topic: str, max_events: int = 100_000) 
 
 
 def _driver_alive(settings: Settings, run_id: str) -> bool:
-    from keyshift.orchestration.launch import read_run_record
+    from keyshift.runs import read_run_record
 
     record = read_run_record(settings, run_id)
     pid = record.get("pid")
@@ -228,7 +228,7 @@ def refuse_unstarted_run(settings: Settings, run_id: str) -> None:
 
     The driver writes the job record just before it starts Spark and its query, so a run without
     one has no query to cut yet (or is no run at all). The rule, from the run's Redis record
-    (`keyshift:run:<run_id>`, `keyshift.runs` and `keyshift.orchestration.launch`): a run whose
+    (`keyshift:run:<run_id>`, `keyshift.runs`): a run whose
     state is starting, running or restarting with its driver (`pid`) or supervisor
     (`supervisor_pid`) alive on this host (or recorded on another host: its state is trusted) is
     alive but not ready; any other is unknown, dead or ended. Reads only; writes nothing.
@@ -245,7 +245,7 @@ def refuse_unstarted_run(settings: Settings, run_id: str) -> None:
         StackError: Redis unreachable.
     """
     from keyshift.names import redis_run_key
-    from keyshift.orchestration.launch import ACTIVE_STATES, read_run_record
+    from keyshift.runs import ACTIVE_STATES, read_run_record
 
     run_dir = settings.runs_dir / run_id
     record = read_run_record(settings, run_id)

@@ -52,19 +52,13 @@ from pathlib import Path
 from keyshift import names
 from keyshift.errors import JobError, StackError
 from keyshift.orchestration import pipeline
+from keyshift.runs import ACTIVE_STATES, TERMINAL_STATES, read_run_record  # noqa: F401 (launch.read_run_record)
 from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, SupervisorSpec, driver_record, spec_path, stop_driver
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
 from keyshift.stack.spark import jars_option, loopback_env
 
 log = logging.getLogger(__name__)
-
-ACTIVE_STATES = frozenset({"starting", "running", "restarting"})
-"""Run states in which a live driver is expected, or about to be (`restarting`: the supervisor
-waits `restart_delay_s` before it starts the driver again)."""
-
-TERMINAL_STATES = frozenset({"succeeded", "stopped", "failed"})
-"""Run states the job writes when it ends (`stopped`: a continuous run ended on SIGTERM/SIGINT)."""
 
 DRIVER = pipeline.DRIVER_NAME
 """The driver's process name under `runs/<run_id>/` (pid file `run/driver.pid`, log `logs/driver.log`)."""
@@ -156,23 +150,6 @@ def record_alive(settings: Settings, record: dict[str, str]) -> bool | None:
         return None
     run_id = record["run_id"]
     return supervisor_record(settings, run_id) is not None or driver_record(settings, run_id) is not None
-
-
-def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
-    """The Redis run record of `run_id` (empty dict if there is none).
-
-    Raises:
-        StackError: Redis cannot be reached (start it with `keyshift stack up`).
-    """
-    import redis
-
-    client = _redis(settings)
-    try:
-        return client.hgetall(names.redis_run_key(run_id))
-    except redis.RedisError as exc:
-        raise StackError(f"cannot read run {run_id} from Redis at {_address(settings)}: {exc}") from exc
-    finally:
-        client.close()
 
 
 def _address(settings: Settings) -> str:

@@ -52,7 +52,7 @@ def test_a_switch_before_the_query_starts_is_refused_cleanly(stack_settings, tmp
     from keyshift.errors import ConfigurationError, SwitchNotReady
     from keyshift.kafka_clients import client_options
     from keyshift.migration.switch import request_switch
-    from keyshift.orchestration.launch import read_run_record
+    from keyshift.runs import read_run_record
     from keyshift.orchestration.switching import carry_out, record_request
     from keyshift.runs import redis_client as control_client
     from keyshift.topics import create_topics
