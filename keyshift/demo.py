@@ -124,7 +124,7 @@ def run_demo(
     """
     from keyshift.data.flights import flights_path
     from keyshift.data.replay import replay_flights
-    from keyshift.processing.driver import StopSignals
+    from keyshift.runtime.driver import StopSignals
     from keyshift.processing.session import build_spark_session, job_spark_conf
     from keyshift.topics import create_topics, describe_topics
 
@@ -165,7 +165,7 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
 
     from keyshift.data.flights import flights_path
     from keyshift.processing.builtin import compare_windows, run_builtin_windows
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.processing.kafka_input import END_OF_INPUT_EVENT_TIME_MS, read_kafka
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.quality.reference import compare_to_reference, reference_windows

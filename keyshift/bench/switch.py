@@ -18,7 +18,7 @@ What runs (`run_switch_bench`), on the real flights and the running stack (Kafka
    batch boundary and writes its summary).
 
 The switching run is a continuous run (no `--limit`) because a bounded run waits until its topic
-holds all of its records before its query starts (`keyshift.processing.driver`), so it would
+holds all of its records before its query starts (`keyshift.runtime.driver`), so it would
 read a backfill, not a feed.
 
 Watermark bound. A run fed at a rate cuts its micro-batches elsewhere than a backfill does, and

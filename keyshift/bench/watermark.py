@@ -1,6 +1,6 @@
 """Watermark benchmark: the job's watermark modes on real flights made out of order by whole sources.
 
-`keyshift bench watermark --out FILE.json` runs the flight delay job (`keyshift.processing.driver.
+`keyshift bench watermark --out FILE.json` runs the flight delay job (`keyshift.runtime.driver.
 run_flight_delays`, in this process, one Spark job at a time) on the first N real flights, hash
 placement over P slots, hourly windows per origin, for every disorder level x configuration:
 
@@ -710,7 +710,7 @@ class WatermarkBench:
 
     def warm_up(self) -> None:
         """A bounded key-mode run on a small backfill, not reported."""
-        from keyshift.processing.driver import run_flight_delays
+        from keyshift.runtime.driver import run_flight_delays
 
         flights = min(self.config.flights, WARMUP_FLIGHTS)
         topic = self.backfill_topic(0.0, flights, "warmup")
@@ -721,7 +721,7 @@ class WatermarkBench:
 
     def backfill_run(self, topic: str, mode: str, disorder: float, bound_ms: int, repeat: int = 1) -> dict[str, Any]:
         """A backfill run of a configuration: its throughput figures."""
-        from keyshift.processing.driver import run_flight_delays
+        from keyshift.runtime.driver import run_flight_delays
 
         c = self.config
         run_id = self._name(mode.replace("_", ""), f"d{round(disorder * 100):02d}", "backfill" if repeat == 1 else f"backfill{repeat}")
@@ -741,7 +741,7 @@ class WatermarkBench:
         """
         from keyshift.data.replay import read_replay_record
         from keyshift.names import LATE_TOPIC
-        from keyshift.processing.driver import run_flight_delays
+        from keyshift.runtime.driver import run_flight_delays
         from keyshift.topics import end_offsets
 
         c = self.config

@@ -102,7 +102,7 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         progress: show a progress bar of the events accounted for (`run_flight_delays`).
         options: the options of `flight_delay_options`, by parameter name.
     """
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.settings import Settings
 

@@ -156,7 +156,7 @@ class PartitionClocks:
         clocks: Kafka partition -> its clock.
         end_offsets: Kafka partition -> first offset past a bounded run's input, as the driver
             knew it when it prepared the batch; None while it is not known yet (a bounded run
-            reading a topic that does not hold `--limit` records yet; `keyshift.processing.driver`)
+            reading a topic that does not hold `--limit` records yet; `keyshift.runtime.driver`)
             or in a run without `--limit`. Fixed with the clocks, so a replayed batch keeps
             exactly the records its first attempt kept. A batch prepared without it was planned
             before the end was known, so it holds no record past that end (Kafka's end offsets

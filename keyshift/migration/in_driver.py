@@ -1,7 +1,7 @@
 """The driver's side of a switch: cut, migrate, start the next segment, publish, verify, recover.
 
 The steps and the cut are defined in `keyshift.migration.switch`. This module runs inside the
-job's driver (`keyshift.processing.driver.run_flight_delays`), in its SparkSession: the query is
+job's driver (`keyshift.runtime.driver.run_flight_delays`), in its SparkSession: the query is
 swapped without a new JVM. Each step ends with a record in Redis and a failpoint
 `switch.<step>@<n>` (n: the run's n-th switch) so tests can kill the driver there.
 """

@@ -4,7 +4,7 @@
 the new assignment (step 1, `keyshift.migration.plan` on a sample of the topic's recent records,
 read as the balance monitor reads them), adds Kafka partitions for a larger P, writes a switch
 record in Redis and waits while the job's driver carries it out
-(`keyshift.processing.driver`, steps 2-5):
+(`keyshift.runtime.driver`, steps 2-5):
 
 | step | what | recorded as |
 | --- | --- | --- |

@@ -86,7 +86,7 @@ class FlightDelayJobConfig:
             slots over them by range (`keyshift.placement.tokens.stateful_partition_of_slot`);
             its ingest stage runs as many tasks (`source_tasks`).
             None: one per slot (S = P). A new run started by
-            `keyshift.processing.driver.run_flight_delays` without one gets
+            `keyshift.runtime.driver.run_flight_delays` without one gets
             `default_max_stateful_partitions` of its engine's cores, kept in its job record.
         epoch: the assignment epoch in force, written on every window.
         bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
@@ -224,7 +224,7 @@ class FlightDelayJobConfig:
 
 def default_checkpoint_dir(run_id: str) -> Path:
     """`runs/<run_id>/checkpoint` under the default settings' runs folder, where
-    `keyshift.processing.driver.run_flight_delays` puts a run's checkpoint."""
+    `keyshift.runtime.driver.run_flight_delays` puts a run's checkpoint."""
     from keyshift.settings import Settings
 
     return Settings().runs_dir / run_id / "checkpoint"
@@ -257,7 +257,7 @@ def flight_delay_stream(
             made: the run's end-of-input markers below it are ignored (`IngestContext`).
         clocks_dir: the run's folder, where the driver keeps the partition clocks
             (`keyshift.eventtime.partition_clocks`; the driver must prepare and seal every batch,
-            `keyshift.processing.driver`); None: no partition clocks (plausibility against
+            `keyshift.runtime.driver`); None: no partition clocks (plausibility against
             Spark's watermark, no capping).
         batch_base: the run-wide id of this query's batch 0.
 

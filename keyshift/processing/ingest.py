@@ -260,7 +260,7 @@ class IngestContext:
         marker_floor: partition -> offset; the run's end-of-input markers below it were written
             for an earlier segment (before a switch) and are dropped like another run's, so
             that the query reads only the markers written for it, after all of its input
-            (`keyshift.processing.driver._watch`). None or a missing partition: offset 0.
+            (`keyshift.runtime.driver._watch`). None or a missing partition: offset 0.
         clocks_dir: the run's folder, whose partition clocks (`keyshift.eventtime.partition_clocks`)
             give each batch's per-partition reference and take each task's report; None outside a
             streaming query (plausibility then judges against Spark's watermark `W`).

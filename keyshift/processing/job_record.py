@@ -1,7 +1,7 @@
 """A run's job record, `runs/<run_id>/job.json`: its config, start offsets, replay record and segments.
 
 Written before the run's query starts and whenever a switch appends a segment; `--resume` and the
-switch read it (`load_job_record`, `load_segments`). Split out of `keyshift.processing.driver`.
+switch read it (`load_job_record`, `load_segments`). Split out of `keyshift.runtime.driver`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The driver resolves the start offsets (`starting_offsets`, `concrete_offsets`), learns a bounded
 run's end (`InputEnd`; `wait_for_records` with `--wait-for-input`), writes the end-of-input markers
 once a planned batch reaches that end (`input_reached`, `send_end_of_input`) and builds the Kafka
-source (`read_kafka`). Split out of `keyshift.processing.driver`.
+source (`read_kafka`). Split out of `keyshift.runtime.driver`.
 """
 
 from __future__ import annotations

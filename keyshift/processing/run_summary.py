@@ -2,7 +2,7 @@
 
 Progress records go to `progress.jsonl` and Redis as batches complete (`publish_progress`); task
 times come from Spark's REST API (`TaskTimeRecorder`); the summary (`build_summary`, with
-`attempts_summary` and `task_time_summary`) is `summary.json`. Split out of `keyshift.processing.driver`.
+`attempts_summary` and `task_time_summary`) is `summary.json`. Split out of `keyshift.runtime.driver`.
 """
 
 from __future__ import annotations

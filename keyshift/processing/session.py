@@ -157,7 +157,7 @@ def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, 
     foreground group, from the JVM's Python workers: pyspark's workers restore Python's default
     SIGINT handler, so a Ctrl-C reaching them fails the running tasks and the batch with them.
     With the JVM apart, only this process sees the Ctrl-C and stops the run at a batch boundary
-    (`keyshift.processing.driver.StopSignals`). The JVM still ends with this process: it exits
+    (`keyshift.runtime.driver.StopSignals`). The JVM still ends with this process: it exits
     when its stdin, a pipe from this process, closes (pyspark's gateway contract).
 
     With `output`, the JVM's stderr is appended to `output` and its stdout goes to this process's

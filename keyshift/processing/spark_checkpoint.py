@@ -1,7 +1,7 @@
 """Reading a run's Spark checkpoint from the driver: committed and planned batches, offsets, state.
 
 The offset and commit logs (`offsets/<b>`, `commits/<b>`) and the state store, read the way Spark
-writes them. Split out of `keyshift.processing.driver`.
+writes them. Split out of `keyshift.runtime.driver`.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def run(stack_settings, spark):
     from keyshift.data.replay import encode_values
     from keyshift.kafka_clients import client_options
     from keyshift.placement.strategies import strategy_by_name
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.topics import create_topics
 
     settings = stack_settings

@@ -56,7 +56,7 @@ def run(settings, spark, tmp_path_factory):
     """Replay, mix in malformed records, run the job once; the tests read its outputs."""
     from keyshift.data.flights import flights_path
     from keyshift.data.replay import replay_flights
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.topics import create_topics, describe_topics
 
     topic = f"it-flights-{uuid.uuid4().hex[:8]}"

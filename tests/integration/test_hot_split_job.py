@@ -48,7 +48,7 @@ def runs(settings, spark):
     from keyshift.data.replay import replay_flights
     from keyshift.placement.assignment_store import AssignmentStore
     from keyshift.placement.strategies import LeastCountStrategy
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.topics import create_topics, describe_topics
 
     topic = f"it-hot-split-{uuid.uuid4().hex[:8]}"

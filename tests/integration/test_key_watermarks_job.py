@@ -27,7 +27,7 @@ def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]
     from keyshift.data.replay import replay_flights
     from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.topics import create_topics
 
     topic = f"it-keywm-{strategy}-{uuid.uuid4().hex[:6]}"

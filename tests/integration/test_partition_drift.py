@@ -73,7 +73,7 @@ def drifted(settings):
 def _run(settings, spark, topic: str, flights: int, strategy: str, partitions: int, mode: str) -> dict:
     from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
 
     if strategy in LEARNED_STRATEGIES:
         learn_and_publish(settings, topic, strategy, partitions, None, flights=flights_path(settings))

@@ -32,7 +32,7 @@ PARTITIONS = 8
 def run(stack_settings, spark):
     """Replay 20,000 flights into a fresh topic and run the job once; returns its run folder and id."""
     from keyshift.data.replay import replay_flights
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.processing.flight_delays import FlightDelayJobConfig
     from keyshift.topics import create_topics, describe_topics
 

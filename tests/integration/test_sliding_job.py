@@ -87,7 +87,7 @@ def _native(spark, flights: pd.DataFrame) -> pd.DataFrame:
 def run(settings, stack_settings, spark):
     """Replay, mix in malformed records, run the sliding job once; the tests read its outputs."""
     from keyshift.data.replay import replay_flights
-    from keyshift.processing.driver import run_flight_delays
+    from keyshift.runtime.driver import run_flight_delays
     from keyshift.topics import create_topics, describe_topics
 
     topic = f"kw-sliding-{uuid.uuid4().hex[:8]}"

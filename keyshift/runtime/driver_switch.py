@@ -1,7 +1,7 @@
 """The driver's side of a switch: refusing one a job cannot do, settling one at a stop, test holds.
 
 The switch's own steps are in `keyshift.migration`; these are what the query loop
-(`keyshift.processing.driver`) does around them. Split out of `keyshift.processing.driver`.
+(`keyshift.runtime.driver`) does around them. Split out of `keyshift.runtime.driver`.
 """
 
 from __future__ import annotations

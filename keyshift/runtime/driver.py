@@ -47,7 +47,7 @@ from keyshift.processing.sinks import KeyedWindowSink, stop_at_batch_boundary
 from keyshift.processing.key_window_sink import KeyWindowSink, kept_events
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
-from keyshift.processing.driver_switch import (
+from keyshift.runtime.driver_switch import (
     conservation_check, hold_markers_batch, hold_new_query_batch, refuse_switch, settle_switch_at_stop,
     switch_held_for_markers
 )
