@@ -66,19 +66,6 @@ from keyshift.processing.spark_checkpoint import committed_batches, pending_even
 
 log = logging.getLogger(__name__)
 
-"""`fetch.max.wait.ms` of the Kafka source's consumers, in milliseconds (Kafka's default: 500).
-
-A task that reads a partition up to the end of its log waited this long once per partition, on a
-fetch that finds no more data: the last batch of a backfill. (A job that keeps up with a live
-stream reads to the tail in every batch; there new records end the wait sooner; not measured.)
-A coalesced ingest task reads P/S partitions one after the other, so with the default the batch
-reading the tail of 32 partitions on 2 cores took 9.3 to 9.6 s for 224 to 288 records
-(`keyshift bench throughput`, 2026-11-27). A batch read of the last 6 records of each of 32
-partitions in 2 tasks took 8.96 s at 500 ms, 2.94 s at 100, 2.10 s at 50, 1.53 to 1.73 s at 10.
-Reads in the middle of the log are not affected: there the broker answers at once. Kafka's classic
-consumer, which Spark's source uses, fetches only inside `poll`, so between tasks it sends no
-more requests than before."""
-
 
 def run_flight_delays(
     settings: Settings,
