@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.processing.failpoints import FAILPOINT_ENV
+from tests.integration.flight_runs import start, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -60,34 +60,22 @@ def reference(stack_settings):
     return reference_windows(flights_path(stack_settings), limit=FLIGHTS)
 
 
-def _start(args: list[str], out: Path, failpoint: str | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != FAILPOINT_ENV}
-    if failpoint:
-        env[FAILPOINT_ENV] = failpoint
-    with out.open("ab") as sink:
-        return subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
 def _job(topic: str, run_id: str, *extra: str) -> list[str]:
     return [KEYSHIFT, "job", "run", "flight_delays", "--topic", topic, "--run-id", run_id, "--partitions", str(PARTITIONS),
             "--max-offsets-per-trigger", str(PER_TRIGGER), "--starting", "earliest", "--no-progress", *KEY_MODE, *extra]
 
 
-def _wait(predicate, process: subprocess.Popen, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if process.poll() is not None:
-            pytest.fail(f"the driver exited ({process.returncode}) before {what}")
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def _ctrl_c(process: subprocess.Popen) -> None:
     """SIGINT to the driver's whole process group, as a terminal's Ctrl-C."""
     os.killpg(process.pid, signal.SIGINT)
+
+
+def _ctrl_c_stops_cleanly(process: subprocess.Popen, out: Path, run_dir: Path) -> dict:
+    """Ctrl-C, then: exit status 0, the stop said so with no cancelled job, and the summary written."""
+    _ctrl_c(process)
+    assert _ended(process, out) == 0, out.read_text()[-3000:]
+    _assert_clean_stop(out)
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 def _ended(process: subprocess.Popen, out: Path, timeout_s: float = 180) -> int:
@@ -141,23 +129,20 @@ def test_ctrl_c_during_a_batch_stops_at_its_boundary_and_a_resume_continues_exac
     run_id = f"{topic}-mid"
     run_dir = stack_settings.runs_dir / run_id
     out = tmp_path / "first.out"
-    process = _start(_job(topic, run_id, "--limit", str(FLIGHTS)), out, failpoint=f"sink.hold_after_outputs@{HELD_BATCH}")
+    process = start(_job(topic, run_id, "--limit", str(FLIGHTS)), out, failpoint=f"sink.hold_after_outputs@{HELD_BATCH}")
     try:
-        _wait((run_dir / "batches" / f"{HELD_BATCH:08d}.json").exists, process, 300, f"batch {HELD_BATCH} in the sink")
+        wait_for((run_dir / "batches" / f"{HELD_BATCH:08d}.json").exists, process, 300, f"batch {HELD_BATCH} in the sink")
         assert HELD_BATCH not in _commits(run_dir / "checkpoint"), "batch 2 committed before the Ctrl-C: not during a batch"
-        _ctrl_c(process)
-        assert _ended(process, out) == 0, out.read_text()[-3000:]
+        summary = _ctrl_c_stops_cleanly(process, out, run_dir)
     finally:
         _kill(process)
-    _assert_clean_stop(out)
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert _commits(run_dir / "checkpoint")[-1] == HELD_BATCH, "the batch in flight was not let finish, or one more ran"
     assert _reconciled(summary) and 0 < summary["events_read"] < FLIGHTS, summary
     assert _run_state(stack_settings, run_id) == "stopped"
     stopped_at = summary["events_read"]
 
     out = tmp_path / "resume.out"
-    process = _start([KEYSHIFT, "job", "run", "--resume", run_id, "--no-progress"], out)
+    process = start([KEYSHIFT, "job", "run", "--resume", run_id, "--no-progress"], out)
     try:
         assert _ended(process, out, 600) == 0, out.read_text()[-3000:]
     finally:
@@ -184,18 +169,15 @@ def test_ctrl_c_between_batches_stops_with_a_summary(stack_settings, topic, tmp_
     run_id = f"{topic}-idle"
     run_dir = stack_settings.runs_dir / run_id
     out = tmp_path / "idle.out"
-    process = _start(_job(topic, run_id), out)  # continuous: it reads the topic, then waits for more
+    process = start(_job(topic, run_id), out)  # continuous: it reads the topic, then waits for more
     try:
-        _wait(lambda: (p := _progress(run_dir)) and p[-1]["events_read"] == FLIGHTS, process, 300, "every record read")
+        wait_for(lambda: (p := _progress(run_dir)) and p[-1]["events_read"] == FLIGHTS, process, 300, "every record read")
         seen = []  # no new records: once no batch (not even Spark's no-data batch) came for 3 s, the query is between batches
-        _wait(lambda: seen.append(len(_progress(run_dir))) or (len(seen) > 60 and seen[-1] == seen[-61]), process, 120,
-              "the query to go quiet")
-        _ctrl_c(process)
-        assert _ended(process, out) == 0, out.read_text()[-3000:]
+        wait_for(lambda: seen.append(len(_progress(run_dir))) or (len(seen) > 15 and seen[-1] == seen[-16]), process, 120,
+                 "the query to go quiet")
+        summary = _ctrl_c_stops_cleanly(process, out, run_dir)
     finally:
         _kill(process)
-    _assert_clean_stop(out)
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert _reconciled(summary) and summary["events_read"] == FLIGHTS, summary
     assert _run_state(stack_settings, run_id) == "stopped"
 
@@ -204,9 +186,9 @@ def test_a_second_ctrl_c_stops_at_once(stack_settings, topic, tmp_path):
     run_id = f"{topic}-twice"
     run_dir = stack_settings.runs_dir / run_id
     out = tmp_path / "twice.out"
-    process = _start(_job(topic, run_id), out, failpoint=f"sink.hold_after_outputs@{HELD_BATCH}")
+    process = start(_job(topic, run_id), out, failpoint=f"sink.hold_after_outputs@{HELD_BATCH}")
     try:
-        _wait((run_dir / "batches" / f"{HELD_BATCH:08d}.json").exists, process, 300, f"batch {HELD_BATCH} in the sink")
+        wait_for((run_dir / "batches" / f"{HELD_BATCH:08d}.json").exists, process, 300, f"batch {HELD_BATCH} in the sink")
         _ctrl_c(process)
         time.sleep(1)
         _ctrl_c(process)
@@ -228,10 +210,10 @@ def test_a_bounded_run_on_a_live_feed_reads_while_the_feed_runs(stack_settings, 
     run_dir = stack_settings.runs_dir / run_id
     create_topics(stack_settings, [topic], PARTITIONS)
     out = tmp_path / "live.out"
-    job = _start(_job(topic, run_id, "--limit", str(flights)), out)
+    job = start(_job(topic, run_id, "--limit", str(flights)), out)
     feed = None
     try:
-        _wait(lambda: "holds 0 of the run's" in out.read_text(), job, 120, "the driver to look at the empty topic")
+        wait_for(lambda: "holds 0 of the run's" in out.read_text(), job, 120, "the driver to look at the empty topic")
         feed = subprocess.Popen([KEYSHIFT, "replay", "flights", "--topic", topic, "--limit", str(flights), "--rate", str(rate),
                                  "--strategy", "hash", "--partitions", str(PARTITIONS), "--no-progress"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
