@@ -200,21 +200,26 @@ def watermark(out: Path, flights: int, rate: float, disorders: tuple[float, ...]
               help="How the undrifted topic is written: plain (write_plain, as the drifted one) or replay (keyshift's replay, hash; needs --every 1).")
 @click.option("--max-ahead-ms", type=click.IntRange(min=1), default=None,
               help="The job's --max-ahead-ms for every keyshift run.  [default: EVERY x 7 days when --every > 1, else the job's default]")
+@click.option("--drift-bound-ms", type=click.IntRange(min=0), default=3_600_000, show_default=True,
+              help="The --max-partition-drift-ms of the bounded runs (partition and key mode with watermark alignment).")
 @click.option("--progress/--no-progress", default=True, help="Print a line per run.")
 def drift(out: Path, flights: int | None, every: int, per_trigger: int, partitions: int, bound_ms: int, repeats: int, baseline: str,
-          max_ahead_ms: int | None, progress: bool) -> None:
+          max_ahead_ms: int | None, drift_bound_ms: int, progress: bool) -> None:
     """Event time when Kafka partitions drift apart: flights whose busy and quiet origins swap
     half-way, written by a plain producer, read from earliest (keyshift.bench.drift).
 
     Runs, each a fresh process: the plain Spark job, then global, partition, key and dynamic
-    mode on the drifted topic and key mode on the undrifted one (key mode REPEATS times on each).
+    mode on the drifted topic, partition and key mode with the drift bound on it (keyshift's
+    aligned Kafka source), and key and partition mode on the undrifted one (key mode REPEATS
+    times on each topic).
     Per run: events/s, late, dead letters, peak state, largest partition drift, windows equal
     to pandas; checks the issue's goals. Exits 1 with the reason when a run fails.
     """
     from keyshift.bench import drift as bench
 
     config = bench.DriftBenchSettings(flights=flights, every=every, per_trigger=per_trigger, partitions=partitions, bound_ms=bound_ms,
-                                      repeats=repeats, baseline=baseline, max_ahead_ms=max_ahead_ms)
+                                      repeats=repeats, baseline=baseline, max_ahead_ms=max_ahead_ms,
+                                      drift_bound_ms=drift_bound_ms)
     config.check()
     report = bench.run_drift_bench(Settings(), out, config, progress=progress)
     click.echo(f"{len(report['rows'])} rows -> {out} (plot {report['plot']}), {report['wall_seconds']:.0f} s")

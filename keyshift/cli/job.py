@@ -60,6 +60,10 @@ def flight_delay_options(function):
         click.option("--partition-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_IDLE_TIMEOUT_S,
                      show_default=True, help="Seconds without records after which a Kafka partition stops holding the watermark "
                                              "of the others back (every mode but global), until its next record."),
+        click.option("--max-partition-drift-ms", type=click.IntRange(min=0), default=None,
+                     help="Watermark alignment (Flink's FLIP-182): read no Kafka partition more than this (ms of event time) "
+                          "ahead of the slowest one, pausing the partitions ahead; reads the input with keyshift's aligned "
+                          "Kafka source. Default: Spark's Kafka source, no bound."),
         click.option("--key-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=WatermarkPolicy.idle_timeout_s,
                      show_default=True, help="timeout fallback: seconds without events after which a key closes its windows."),
         click.option("--exchange", type=click.Choice(EXCHANGES), default="local_merge", show_default=True,
@@ -137,6 +141,7 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         idle_lag_ms=options["idle_lag_ms"],
         key_idle_timeout_s=options["key_idle_timeout"],
         partition_idle_timeout_s=options.get("partition_idle_timeout") or DEFAULT_IDLE_TIMEOUT_S,
+        max_partition_drift_ms=options.get("max_partition_drift_ms"),
         exchange=options["exchange"],
         emit=options["emit"],
     )

@@ -291,6 +291,11 @@ class JobSpec:
         return tuple(f.col for f in self.fields)
 
     @property
+    def event_time_field(self) -> str:
+        """The record's field (its JSON name) that holds the event time (ms)."""
+        return next(f.name for f in self.fields if f.col == self.event_time)
+
+    @property
     def payload(self) -> tuple[RecordField, ...]:
         """Fields carried per event through Local Merge for late and duplicate rows: all but the
         key, the event id and the event time (which the engine carries itself), or of those only

@@ -124,6 +124,10 @@ class FlightDelayJobConfig:
         partition_idle_timeout_s: seconds of processing time after which a Kafka partition that
             delivered no record stops holding the others' watermark back (until its next record);
             default 60.
+        max_partition_drift_ms: watermark alignment: no Kafka partition is read more than this
+            (ms of event time) ahead of the slowest one with records to read; the input is then
+            read by keyshift's aligned Kafka source (`keyshift.processing.aligned_kafka`) instead
+            of Spark's. None (default): Spark's Kafka source, no bound.
         key_idle_timeout_s: `timeout` fallback: seconds of processing time without events after
             which a key closes all its windows.
         exchange: how events reach a key's windows (`keyshift.processing.exchange.EXCHANGES`):
@@ -158,6 +162,7 @@ class FlightDelayJobConfig:
     idle_lag_ms: int = WatermarkPolicy.idle_lag_ms
     key_idle_timeout_s: float = WatermarkPolicy.idle_timeout_s
     partition_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_partition_drift_ms: int | None = None
     exchange: str = "local_merge"
     emit: str = "batch"
 

@@ -238,9 +238,37 @@ consumer, which Spark's source uses, fetches only inside `poll`, so between task
 more requests than before."""
 
 
-def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int] | str, max_offsets_per_trigger: int | None):
-    """The Kafka source of `topic` from `start` (a streaming DataFrame of Kafka rows), with
-    `kafka.max.poll.records` 20,000 and `kafka.fetch.max.wait.ms` `FETCH_MAX_WAIT_MS`."""
+def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int] | str, max_offsets_per_trigger: int | None,
+               max_partition_drift_ms: int | None = None, event_time_field: str = "event_time"):
+    """The Kafka source of `topic` from `start` (a streaming DataFrame of Kafka rows).
+
+    Spark's Kafka source with `kafka.max.poll.records` 20,000 and `kafka.fetch.max.wait.ms`
+    `FETCH_MAX_WAIT_MS`; with `max_partition_drift_ms` keyshift's aligned Kafka source
+    (`keyshift.processing.aligned_kafka`, the same rows and offsets), which pauses partitions that
+    run more than that ahead in event time (read from the records' `event_time_field`, ms).
+
+    Raises:
+        JobError: `max_partition_drift_ms` with a `start` that is not concrete offsets.
+    """
+    if max_partition_drift_ms is not None:
+        from keyshift.kafka_clients import client_options
+        from keyshift.processing.aligned_kafka import FORMAT, AlignedKafkaSource
+
+        if isinstance(start, str):
+            raise JobError(f"the aligned Kafka source starts at concrete offsets, not {start!r} (see concrete_offsets)")
+        spark.dataSource.register(AlignedKafkaSource)
+        reader = (
+            spark.readStream.format(FORMAT)
+            .option("bootstrap", settings.bootstrap_servers)
+            .option("client", json.dumps(client_options(settings)))
+            .option("topic", topic)
+            .option("startingOffsets", json.dumps({str(p): o for p, o in start.items()}))
+            .option("maxPartitionDriftMs", str(int(max_partition_drift_ms)))
+            .option("eventTimeField", event_time_field)
+        )
+        if max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+        return reader.load()
     starting = start if isinstance(start, str) else json.dumps({topic: {str(p): o for p, o in start.items()}})
     reader = (
         spark.readStream.format("kafka")

@@ -255,6 +255,7 @@ def build_summary(
         "watermark_policy": asdict(config.watermark_policy),
         "window_ms": config.window_ms,
         "max_offsets_per_trigger": config.max_offsets_per_trigger,
+        "partition_drift_bound_ms": config.max_partition_drift_ms,
         "events_produced": int(replay["events_produced"]) if replay.get("events_produced") else None,
         "records_read": watch["records_read"],
         "events_read": events_read,

@@ -300,7 +300,8 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
                                    side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
         initial = initial_state_frame(spark, run_dir / segment["initial_state"], variables) if segment.get("initial_state") else None
         stream = flight_delay_stream(
-            read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger), seg_config,
+            read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger,
+                       config.max_partition_drift_ms, spec.event_time_field), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
             marker_floor=segment.get("marker_floor"), clocks_dir=run_dir, batch_base=int(segment["batch_base"]),
         )

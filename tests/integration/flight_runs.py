@@ -141,3 +141,17 @@ def assert_equals_the_oracle(settings, run_id: str, oracle: dict) -> dict:
     for topic, records in oracle["outputs"].items():
         assert outputs[topic] == records, f"{topic}: not the oracle's records exactly once"
     return summary
+
+
+def assert_lossless(summary: dict, reference, flights: int) -> None:
+    """A run's summary reconciles all `flights` with 0 late events, 0 dead letters and 0 pending,
+    and its windows equal pandas' `reference` row by row."""
+    from pathlib import Path
+
+    from keyshift.quality.reference import compare_to_reference
+
+    assert summary["reconciled"] and summary["events_read"] == flights and summary["pending_events"] == 0
+    assert summary["late_events"] == 0, f"{summary['watermark']} mode made {summary['late_events']} events late"
+    assert summary["dead_letters"] == 0, summary.get("dead_letters_by_reason")
+    comparison = compare_to_reference(Path(summary["windows_path"]), reference)
+    assert comparison["equal"], comparison

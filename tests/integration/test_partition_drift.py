@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from keyshift.processing.flight_delays import FlightDelayJobConfig
+from tests.integration.flight_runs import assert_lossless
 
 pytestmark = pytest.mark.integration
 
@@ -84,16 +85,6 @@ def _run(settings, spark, topic: str, flights: int, strategy: str, partitions: i
     return run_flight_delays(settings, config, starting="earliest", spark=spark)
 
 
-def _assert_lossless(summary: dict, reference, flights: int) -> None:
-    from keyshift.quality.reference import compare_to_reference
-
-    assert summary["reconciled"] and summary["events_read"] == flights and summary["pending_events"] == 0
-    assert summary["late_events"] == 0, f"{summary['watermark']} mode made {summary['late_events']} events late"
-    assert summary["dead_letters"] == 0, summary.get("dead_letters_by_reason")
-    comparison = compare_to_reference(Path(summary["windows_path"]), reference)
-    assert comparison["equal"], comparison
-
-
 @pytest.mark.parametrize(("variant", "strategy", "partitions", "modes"), [
     ("popularity", "hash", 8, ("key", "dynamic", "partition", "global")),
     ("popularity", "least_count", 8, ("key", "partition")),
@@ -110,7 +101,7 @@ def test_a_drifted_backfill_loses_nothing_to_the_drift(settings, spark, drifted,
             print(f"{variant} {strategy} P={partitions}: global mode lost {summary['late_events']} late, "
                   f"{summary['dead_letters']} dead letters of {flights}")
             continue
-        _assert_lossless(summary, reference, flights)
+        assert_lossless(summary, reference, flights)
 
 
 def _cli(settings, topic: str, run_id: str, flights: int, mode: str = "key", extra: tuple[str, ...] = ()) -> list[str]:
@@ -136,7 +127,7 @@ def test_a_drifted_backfill_killed_mid_way_resumes_to_the_same_windows(settings,
     process.wait(timeout=60)
     resumed = start([KEYSHIFT, "job", "run", "flight_delays", "--resume", run_id], tmp_path / "driver.log")
     assert resumed.wait(timeout=900) == 0, f"the resumed run failed; see {tmp_path / 'driver.log'}"
-    _assert_lossless(json.loads((run_dir / "summary.json").read_text()), reference, flights)
+    assert_lossless(json.loads((run_dir / "summary.json").read_text()), reference, flights)
 
 
 def test_a_switch_in_a_drifted_backfill_keeps_the_windows(settings, drifted, tmp_path):
@@ -153,7 +144,7 @@ def test_a_switch_in_a_drifted_backfill_keeps_the_windows(settings, drifted, tmp
     assert process.wait(timeout=900) == 0, f"the run failed; see {tmp_path / 'driver.log'}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["switches"] == [record["switch_id"]]
-    _assert_lossless(summary, reference, flights)
+    assert_lossless(summary, reference, flights)
 
 
 def test_an_idle_partition_neither_stalls_the_others_nor_makes_its_records_late(settings, tmp_path):

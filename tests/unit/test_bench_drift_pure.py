@@ -8,7 +8,6 @@ import json
 import pytest
 
 from keyshift.bench.drift import (
-    NO_DRIFT_BOUND,
     ROW_FIELDS,
     DriftBenchSettings,
     add_repeat,
@@ -37,18 +36,21 @@ def _progress(state=1_000_000):
             {"batch_id": 2, "input_rows": 30, "batch_duration_ms": 2_000, "state_store": {"rows": 7, "memory_bytes": state // 4}}]
 
 
-def _row(mode: str, topic: str, late=0, dead=0, speed=30_000.0, state=1_000_000, equal=True):
+def _row(mode: str, topic: str, late=0, dead=0, speed=30_000.0, state=1_000_000, equal=True, bound=None):
     drift = [{"batch_id": 0, "drift_ms": 0, "idle_partitions": 0}, {"batch_id": 1, "drift_ms": 3 * DAY, "idle_partitions": 2}]
     comparison = {"equal": equal, "windows": 7, "reference_windows": 7, "events": 100 - late - dead}
-    return build_row(f"{mode} ({topic})", mode, topic, _summary(mode, topic, late, dead, speed), _progress(state), drift, comparison)
+    name = f"{mode} ({topic})" if bound is None else f"{mode}, drift bound ({topic})"
+    return build_row(name, mode, topic, _summary(mode, topic, late, dead, speed), _progress(state), drift, comparison, bound)
 
 
 def _all_rows(**overrides):
-    rows = {("global", "drifted"): dict(late=50, equal=False), ("partition", "drifted"): dict(state=2_500_000),
-            ("key", "drifted"): dict(speed=28_000.0), ("dynamic", "drifted"): {}, ("key", "undrifted"): dict(speed=30_000.0)}
+    rows = {("global", "drifted"): dict(late=50, equal=False), ("partition", "drifted"): dict(state=25_000_000),
+            ("key", "drifted"): dict(speed=28_000.0), ("dynamic", "drifted"): {}, ("key", "undrifted"): dict(speed=30_000.0),
+            ("partition", "undrifted"): dict(state=10_000_000),
+            ("partition", "bounded"): dict(state=12_000_000, bound=3_600_000), ("key", "bounded"): dict(bound=3_600_000)}
     for key, change in overrides.items():
         rows[tuple(key.split("_"))].update(change)
-    return [_row(mode, topic, **kw) for (mode, topic), kw in rows.items()]
+    return [_row(mode, "drifted" if topic == "bounded" else topic, **kw) for (mode, topic), kw in rows.items()]
 
 
 def _write_clocks(run_dir, batch_id, drift_ms, idle=()):
@@ -125,16 +127,22 @@ def test_windows_still_open_at_the_end_of_the_input_are_counted_apart():
 
 def test_the_targets_hold_only_for_lossless_modes_and_close_throughput():
     targets = evaluate_targets(_all_rows())
-    assert [t["met"] for t in targets] == [True, True, True, True, None]
+    assert [t["met"] for t in targets] == [True, True, True, True, True]
     assert [t["target"].split()[0] for t in targets[:3]] == ["partition", "key", "dynamic"]
     assert targets[1]["value"] == {"late_events": 0, "dead_letters": 0, "windows_equal_reference": True, "run_id": "r-key-drifted"}
     assert targets[3]["value"]["ratio"] == pytest.approx(28_000 / 30_000, abs=1e-3)
     assert targets[3]["value"]["steady_ratio"] == 1.0
     state = targets[4]["value"]
-    assert state["key (undrifted) bytes"] == 1_000_000
-    assert state["partition (drifted)"] == {"bytes": 2_500_000, "x_undrifted": 2.5}
-    assert state["key (drifted)"] == {"bytes": 1_000_000, "x_undrifted": 1.0}
-    assert state["why"] == NO_DRIFT_BOUND and "global (drifted)" not in state
+    assert state["partition"] == {"undrifted bytes": 10_000_000, "bounded drifted bytes": 12_000_000, "x_undrifted": 1.2,
+                                  "drift_bound_ms": 3_600_000, "unbounded drifted bytes": 25_000_000,
+                                  "unbounded x_undrifted": 2.5}
+    assert state["key"]["x_undrifted"] == 1.0 and "global" not in state
+
+
+def test_the_state_target_fails_above_twice_the_undrifted_run_and_is_unmeasured_without_a_bounded_row():
+    assert evaluate_targets(_all_rows(partition_bounded={"state": 21_000_000}))[4]["met"] is False
+    rows = [r for r in _all_rows() if r["drift_bound_ms"] is None]
+    assert evaluate_targets(rows)[4]["met"] is None
 
 
 @pytest.mark.parametrize("change, index", [({"dynamic_drifted": {"dead": 1}}, 2), ({"key_drifted": {"late": 3}}, 1),
@@ -152,7 +160,7 @@ def test_key_mode_at_less_than_ninety_percent_misses_the_throughput_target():
 def test_missing_runs_leave_their_targets_unmeasured():
     targets = evaluate_targets([_row("key", "drifted")])
     assert len(targets) == 5 and [t["met"] for t in targets] == [None, True, None, None, None]
-    assert targets[3]["value"] is None and targets[4]["value"]["key (undrifted) bytes"] is None
+    assert targets[3]["value"] is None and targets[4]["value"]["key"]["undrifted bytes"] is None
 
 
 def test_repeats_give_the_median_the_throughput_target_compares():
@@ -206,7 +214,7 @@ def test_bench_all_tells_the_drift_report_apart_and_lists_its_targets():
     report = {"drift_bench": {"every": 10}, "rows": _all_rows(), "targets": evaluate_targets(_all_rows()), "wall_seconds": 1.0}
     assert identify_bench(json.loads(json.dumps(report))) == "drift"
     goals = drift_goals(report)
-    assert len(goals) == 5 and {g.benchmark for g in goals} == {"drift"} and [g.met for g in goals] == [True, True, True, True, None]
+    assert len(goals) == 5 and {g.benchmark for g in goals} == {"drift"} and [g.met for g in goals] == [True, True, True, True, True]
     # the watermark bench's reports also carry rows and targets, but never drift_bench
     assert identify_bench({"rows": [], "targets": [], "definitions": {}}) == "watermark"
 
@@ -222,4 +230,4 @@ def test_bench_alls_page_shows_the_drift_targets_and_plot(tmp_path):
     html = render_report([BenchOutcome("drift", "ok", path, "2026-11-28T10:00:00Z", 400.0)], tmp_path / "report.html").read_text()
     assert html.count('data-bench="drift"') == 1 and html.count("<td>drift</td>") == 1 + 5
     assert "dynamic mode on the drifted topic: 0 late events, 0 dead letters, windows equal to pandas" in html
-    assert "4 met, 0 not met, 1 not measured" in html and 'alt="drift plot" src="data:image/png;base64,' in html
+    assert "5 met, 0 not met, 0 not measured" in html and 'alt="drift plot" src="data:image/png;base64,' in html
