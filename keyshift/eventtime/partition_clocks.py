@@ -59,11 +59,16 @@ that a cluster with HDFS or object-store checkpoints needs moved to Hadoop's Fil
 
 **The reference is the same for every key.** Flink's operator watermark is the minimum over its
 input splits; keyshift's Spark watermark is the minimum over the active partitions for all keys,
-also for a key whose records come from one fast partition. That never makes an event late that a
-per-key-partition reference would keep (the minimum is at or below every partition's clock); what
-it costs is that a silent key of a fast partition closes its windows only when the slowest active
-partition passes them (measured by `keyshift bench drift`: key mode's peak state on the drifted
-flights equals the undrifted run's).
+also for a key whose records have so far come from one fast partition. That never makes an event
+late that a per-key-partition reference would keep (the minimum is at or below every partition's
+clock). A reference per key (the clock of the partitions the key's records came from) would be
+unsafe on topics keyshift did not write: nothing tells the engine that a producer keeps a key on
+one partition (a producer without a record key, a second producer, a repartitioned topic), and
+the first record of a key on a slower partition would then be late against the faster
+partition's clock. What the shared minimum costs is that a silent key of a fast partition closes
+its windows only when the slowest active partition passes them (measured by `keyshift bench
+drift`: key mode's peak state on the drifted flights equals the undrifted run's). Watermark
+alignment (`keyshift.eventtime.alignment`) bounds how far the fastest partition runs ahead.
 
 **What idleness costs.** Records of a partition that was idle and rejoins are capped like any
 other, so they never move the watermark past the others; but while p was idle the watermark may
