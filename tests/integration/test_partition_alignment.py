@@ -5,8 +5,8 @@ in 10 of all 3,000,000, written by a plain kafka-python producer with Kafka's de
 read from `earliest` by keyshift's aligned Kafka source (`keyshift.processing.aligned_kafka`).
 With the bound the run loses nothing (0 late, 0 dead letters, windows equal to pandas), the
 spread between the partitions' clocks stays within the bound while every partition has records,
-and a run killed mid-way resumes from the offsets Spark logged for the aligned source to the same
-windows. Spark's Kafka source on the same topic drifts 40 days apart (`test_partition_drift.py`).
+a run killed mid-way resumes from the offsets Spark logged for the aligned source to the same
+windows, and a switch's new query goes on from where the old one ended. Spark's Kafka source on the same topic drifts 40 days apart (`test_partition_drift.py`).
 """
 
 from __future__ import annotations
@@ -83,16 +83,22 @@ def test_an_aligned_backfill_loses_nothing_and_keeps_the_partitions_within_the_b
         assert summary["batches"] > flights // PER_TRIGGER
 
 
+def _cli(topic: str, run_id: str, flights: int, mode: str) -> list[str]:
+    from tests.integration.flight_runs import KEYSHIFT
+
+    return [KEYSHIFT, "job", "run", "flight_delays", "--topic", topic, "--run-id", run_id, "--limit", str(flights),
+            "--partitions", "8", "--max-offsets-per-trigger", str(PER_TRIGGER), "--starting", "earliest",
+            "--watermark", mode, "--bound-ms", str(MINUTE_MS), "--max-ahead-ms", str(EVERY * 7 * DAY_MS),
+            "--max-partition-drift-ms", str(DAY_MS), "--idle-timeout", "240"]
+
+
 def test_an_aligned_backfill_killed_mid_way_resumes_to_the_same_windows(settings, backfills, tmp_path):
     from tests.integration.flight_runs import KEYSHIFT, batches_done, start, wait_for
 
     topic, reference, flights, _ = backfills["popularity"]
     run_id = f"it-align-crash-{uuid.uuid4().hex[:6]}"
     run_dir = settings.runs_dir / run_id
-    process = start([KEYSHIFT, "job", "run", "flight_delays", "--topic", topic, "--run-id", run_id, "--limit", str(flights),
-                     "--partitions", "8", "--max-offsets-per-trigger", str(PER_TRIGGER), "--starting", "earliest",
-                     "--watermark", "partition", "--bound-ms", str(MINUTE_MS), "--max-ahead-ms", str(EVERY * 7 * DAY_MS),
-                     "--max-partition-drift-ms", str(DAY_MS), "--idle-timeout", "240"], tmp_path / "driver.log")
+    process = start(_cli(topic, run_id, flights, "partition"), tmp_path / "driver.log")
     wait_for(lambda: batches_done(run_dir) >= 3, process, 600, "batch 3")
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
@@ -100,4 +106,22 @@ def test_an_aligned_backfill_killed_mid_way_resumes_to_the_same_windows(settings
     assert resumed.wait(timeout=900) == 0, f"the resumed run failed; see {tmp_path / 'driver.log'}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["partition_drift_bound_ms"] == DAY_MS  # the resume read the job record's bound
+    assert_lossless(summary, reference, flights)
+
+
+def test_a_switch_in_an_aligned_backfill_keeps_the_windows(settings, backfills, tmp_path):
+    """The switch's new query starts the aligned source at the offsets the old one ended at."""
+    from keyshift.migration.switch import request_switch
+    from tests.integration.flight_runs import batches_done, start, wait_for
+
+    topic, reference, flights, _ = backfills["partition_offsets"]
+    run_id = f"it-align-switch-{uuid.uuid4().hex[:6]}"
+    run_dir = settings.runs_dir / run_id
+    process = start(_cli(topic, run_id, flights, "key"), tmp_path / "driver.log")
+    wait_for(lambda: batches_done(run_dir) >= 2, process, 600, "batch 2")
+    record = request_switch(settings, run_id, "least_count", None, reason="alignment test", wait_timeout_s=600)
+    assert record["state"] == "done", record.get("error")
+    assert process.wait(timeout=900) == 0, f"the run failed; see {tmp_path / 'driver.log'}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["switches"] == [record["switch_id"]] and summary["partition_drift_bound_ms"] == DAY_MS
     assert_lossless(summary, reference, flights)
