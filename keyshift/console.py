@@ -122,7 +122,7 @@ def summary_rows(summary: dict[str, Any], cwd: Path | None = None) -> list[tuple
     they lie under it.
 
     Args:
-        summary: a summary dict as `run_flight_delays` or `run_demo` return it (and as
+        summary: a summary dict as `run_job` or `run_demo` return it (and as
             `runs/<run_id>/summary.json` holds it); missing fields show as `?`.
 
     Returns:

@@ -120,7 +120,7 @@ class Placement:
     """A strategy and, optionally, a P to switch to.
 
     Attributes:
-        strategy: a strategy the job places with (`keyshift.processing.flight_delays.JOB_STRATEGIES`).
+        strategy: a strategy the job places with (`keyshift.processing.job_query.JOB_STRATEGIES`).
         partitions: P >= 1, or None to keep the P in force.
     """
 
@@ -144,7 +144,7 @@ def parse_sequence(text: str, default_partitions: int = PARTITIONS) -> tuple[Pla
         ConfigurationError: fewer than two placements, a strategy the job cannot place with, a
             learned first strategy, or a P that is not an integer >= 1.
     """
-    from keyshift.processing.flight_delays import RULE_STRATEGIES, check_job_strategy
+    from keyshift.processing.job_query import RULE_STRATEGIES, check_job_strategy
 
     placements = []
     for item in (part.strip() for part in text.split(",")):

@@ -1,7 +1,7 @@
 """Watermark benchmark: the job's watermark modes on real flights made out of order by whole sources.
 
 `keyshift bench watermark --out FILE.json` runs the flight delay job (`keyshift.runtime.driver.
-run_flight_delays`, in this process, one Spark job at a time) on the first N real flights, hash
+run_job`, in this process, one Spark job at a time) on the first N real flights, hash
 placement over P slots, hourly windows per origin, for every disorder level x configuration:
 
 * **disorder** FRACTION (default 0, 0.25, 0.5, 0.75; paper 000 Table 10): the replay makes whole
@@ -547,7 +547,7 @@ def lossless_bound_ms(needed_ms: int) -> int:
 
 
 class SelfStop:
-    """Stops a continuous run in this process as a user does: SIGTERM, which `run_flight_delays`
+    """Stops a continuous run in this process as a user does: SIGTERM, which `run_job`
     turns into a stop at the next batch boundary (its own handler, installed while it runs).
 
     While the bench runs, its own SIGTERM handler stands in between runs: a stop the bench sent
@@ -693,9 +693,9 @@ class WatermarkBench:
             self.topics = []
 
     def _job_config(self, run_id: str, topic: str, mode: str, bound_ms: int, limit: int | None, per_trigger: int):
-        from keyshift.processing.flight_delays import FlightDelayJobConfig
+        from keyshift.processing.job_query import JobConfig
 
-        return FlightDelayJobConfig(run_id=run_id, strategy="hash", partitions=self.config.partitions, topic=topic, bound_ms=bound_ms,
+        return JobConfig(run_id=run_id, strategy="hash", partitions=self.config.partitions, topic=topic, bound_ms=bound_ms,
                                     watermark=watermark_of(mode), max_offsets_per_trigger=per_trigger, limit=limit)
 
     def backfill_topic(self, disorder: float, flights: int | None = None, label: str = "backfill") -> str:
@@ -710,22 +710,22 @@ class WatermarkBench:
 
     def warm_up(self) -> None:
         """A bounded key-mode run on a small backfill, not reported."""
-        from keyshift.runtime.driver import run_flight_delays
+        from keyshift.runtime.driver import run_job
 
         flights = min(self.config.flights, WARMUP_FLIGHTS)
         topic = self.backfill_topic(0.0, flights, "warmup")
         config = self._job_config(self._name("warmup"), topic, "key", self.config.bound_ms, flights, max(1, flights // 2))
         started = time.monotonic()
-        run_flight_delays(self.settings, config, starting="replay", spark=self.spark)
+        run_job(self.settings, config, starting="replay", spark=self.spark)
         self.say(f"warm-up run ({flights:,} flights) done in {time.monotonic() - started:.0f} s")
 
     def backfill_run(self, topic: str, mode: str, disorder: float, bound_ms: int, repeat: int = 1) -> dict[str, Any]:
         """A backfill run of a configuration: its throughput figures."""
-        from keyshift.runtime.driver import run_flight_delays
+        from keyshift.runtime.driver import run_job
 
         c = self.config
         run_id = self._name(mode.replace("_", ""), f"d{round(disorder * 100):02d}", "backfill" if repeat == 1 else f"backfill{repeat}")
-        summary = run_flight_delays(self.settings, self._job_config(run_id, topic, mode, bound_ms, c.flights, c.backfill_per_trigger),
+        summary = run_job(self.settings, self._job_config(run_id, topic, mode, bound_ms, c.flights, c.backfill_per_trigger),
                                     starting="replay", spark=self.spark)
         steady = steady_throughput(read_progress(self.settings.runs_dir / run_id))
         return {"run_id": run_id, "events_per_second": steady["events_per_second"], "steady": steady,
@@ -741,7 +741,7 @@ class WatermarkBench:
         """
         from keyshift.data.replay import read_replay_record
         from keyshift.names import LATE_TOPIC
-        from keyshift.runtime.driver import run_flight_delays
+        from keyshift.runtime.driver import run_job
         from keyshift.topics import end_offsets
 
         c = self.config
@@ -756,7 +756,7 @@ class WatermarkBench:
         started = time.monotonic()
         conductor.start()
         try:
-            summary = run_flight_delays(self.settings, self._job_config(run_id, topic, mode, bound_ms, None, PACED_PER_TRIGGER),
+            summary = run_job(self.settings, self._job_config(run_id, topic, mode, bound_ms, None, PACED_PER_TRIGGER),
                                         starting="earliest", spark=self.spark)
         except BaseException:
             conductor.abort.set()

@@ -212,7 +212,7 @@ def ysb(
     runs/ysb-<run_id>/expected_views.parquet (views per campaign and 10-second window) and
     ysb.json (parameters and totals per event type).
     """
-    from keyshift.cli.job import new_run_id
+    from keyshift.runtime.job_options import new_run_id
     from keyshift.data.ysb import generate_ysb
 
     settings = Settings()

@@ -7,7 +7,7 @@ import click
 from keyshift.cli.output import run_output_options, run_terminal
 from keyshift.eventtime.watermarks import BACKFILL_IDLE_LAG_MS, WATERMARK_MODES
 from keyshift.names import FLIGHTS_TOPIC
-from keyshift.processing.flight_delays import JOB_STRATEGIES
+from keyshift.processing.job_query import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
 
 
@@ -41,7 +41,7 @@ def demo(run_id, partitions, strategy, limit, rate, bound_ms, watermark, compare
     Needs the stack (`keyshift stack up`) and the data (`keyshift data fetch flights`).
     """
     from keyshift import stack
-    from keyshift.cli.job import new_run_id
+    from keyshift.runtime.job_options import new_run_id
     from keyshift.console import print_summary
     from keyshift.data.flights import flights_path
     from keyshift.demo import run_demo

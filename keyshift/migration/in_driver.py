@@ -1,7 +1,7 @@
 """The driver's side of a switch: cut, migrate, start the next segment, publish, verify, recover.
 
 The steps and the cut are defined in `keyshift.migration.switch`. This module runs inside the
-job's driver (`keyshift.runtime.driver.run_flight_delays`), in its SparkSession: the query is
+job's driver (`keyshift.runtime.driver.run_job`), in its SparkSession: the query is
 swapped without a new JVM. Each step ends with a record in Redis and a failpoint
 `switch.<step>@<n>` (n: the run's n-th switch) so tests can kill the driver there.
 """
@@ -73,7 +73,7 @@ def migrate(
         save_segments: writes the segments into the run's job record (the commit point).
         stop_requested_at: wall-clock seconds when the stop was asked (the pause starts there).
         max_stateful_partitions: the run's cap on stateful partitions: the new query takes
-            min(P', cap) (`FlightDelayJobConfig.max_stateful_partitions`); None: P'.
+            min(P', cap) (`JobConfig.max_stateful_partitions`); None: P'.
 
     Returns:
         The segments with the new one appended.

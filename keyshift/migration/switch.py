@@ -347,7 +347,7 @@ def request_switch(
     """
     from keyshift.jobs import job_spec
     from keyshift.processing.job_record import load_segments
-    from keyshift.processing.flight_delays import check_job_strategy
+    from keyshift.processing.job_query import check_job_strategy
 
     if strategy is not None:
         check_job_strategy(strategy)

@@ -61,7 +61,7 @@ def keyed_stage_task_seconds(
         skip: batch ids already read (their tasks are not asked for again).
         stateful_partitions: S, the stateful stage's tasks (`spark.sql.shuffle.partitions`);
             None: S = P.
-        source_tasks: the source stage's tasks (`FlightDelayJobConfig.source_tasks`: S when
+        source_tasks: the source stage's tasks (`JobConfig.source_tasks`: S when
             the ingest stage is coalesced); None: P, one per Kafka partition.
 
     Returns:

@@ -4,7 +4,7 @@ SparkSubmitOperator blocks until spark-submit exits and has no deferrable mode (
 pitfalls), so a job that runs until stopped is started here instead. `launch_job` starts a small
 supervisor process (`python -m keyshift.orchestration.supervisor`, supervised by
 `keyshift.stack.process` with `runs/<run_id>/` as its home and `supervisor` as its name), and the
-supervisor runs `spark-submit spark_jobs/flight_delays.py --run-id ...` as its child, named
+supervisor runs `spark-submit spark_jobs/keyshift_job.py --run-id ...` as its child, named
 `driver`. Each of the two leads its own session: neither the Airflow task that launched them nor a
 signal to its process group takes them down, and a driver that kills its own group (a crash test's
 `kill -9 -<pgid>`, a failpoint) leaves the supervisor alive. Files under `runs/<run_id>/`: the

@@ -60,7 +60,7 @@ EVALUATION_INTERVAL_S = EVALUATION_INTERVAL.total_seconds()
 
 DEFAULT_CANDIDATES: tuple[str, ...] = ("hash", "modulo", "least_key", "least_count", "hot_split")
 """Strategies the monitor may recommend by default: those the flight delay job can run
-(`keyshift.processing.flight_delays.JOB_STRATEGIES`; a test keeps the two equal). modulo is
+(`keyshift.processing.job_query.JOB_STRATEGIES`; a test keeps the two equal). modulo is
 left out of an evaluation by itself when the keys are not integers."""
 
 SWITCH_REQUESTS_KEPT = 100
@@ -275,7 +275,7 @@ def _published_in_force(settings: Settings, topic: str, strategy: str, partition
     strategy from the sample, and says so in the record's `in_force_assignment`).
     """
     from keyshift.placement.assignment_store import AssignmentStore, strategy_from_snapshot
-    from keyshift.processing.flight_delays import LEARNED_STRATEGIES
+    from keyshift.processing.job_query import LEARNED_STRATEGIES
 
     if strategy not in LEARNED_STRATEGIES:
         return None

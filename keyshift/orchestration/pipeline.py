@@ -57,7 +57,7 @@ YSB_CONTINUOUS_EVENTS = 1_000_000
 """YSB in a continuous run (no `limit`): the generator produces this many events before the job
 starts (the flights replay sends the whole data set, 3,000,000), and the job runs until stopped."""
 
-APPLICATION: Path = PROJECT_ROOT / "spark_jobs" / "flight_delays.py"
+APPLICATION: Path = PROJECT_ROOT / "spark_jobs" / "keyshift_job.py"
 """The Spark application the pipeline submits (it sets its own `spark.jars`)."""
 
 SPARK_SUBMIT = "spark-submit"
@@ -249,7 +249,7 @@ def publish_assignment(
     """
     from keyshift.data.flights import flights_path
     from keyshift.placement.learning import learn_and_publish
-    from keyshift.processing.flight_delays import LEARNED_STRATEGIES
+    from keyshift.processing.job_query import LEARNED_STRATEGIES
 
     job = validate_job(job)
     validate_strategy(strategy, job)
@@ -389,7 +389,7 @@ def spark_submit_args(
     job: str | None = None,
     exchange: str | None = None,
 ) -> list[str]:
-    """The job's own arguments (after the application path, `spark_jobs/flight_delays.py`).
+    """The job's own arguments (after the application path, `spark_jobs/keyshift_job.py`).
 
     Values may be Jinja templates (`"{{ params.partitions }}"`): the DAG passes templates and
     Airflow renders them when the task runs; the detached launch passes plain values.

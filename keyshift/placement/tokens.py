@@ -16,7 +16,7 @@ task costs a fixed share of a batch (its Python worker round trip, the state sto
 commit: about 0.3 task-seconds per stateful task measured at P = 32), so on a small engine
 S = P spends the batch on overhead; `default_max_stateful_partitions` caps S at
 `STATEFUL_PARTITIONS_PER_CORE` per core, and the job's ingest stage is coalesced to the same S
-tasks (`keyshift.processing.flight_delays.FlightDelayJobConfig.source_tasks`). With S = P every
+tasks (`keyshift.processing.job_query.JobConfig.source_tasks`). With S = P every
 slot is its own partition, and the tokens are those of every release before the cap.
 """
 

@@ -1,8 +1,8 @@
 """The engine's keyed exchange strategies (paper 000 §4.3) and Local Merge's emit modes.
 
 How a job's events travel from the source stage (one Spark task per Kafka partition, or per
-range of them, `FlightDelayJobConfig.source_tasks`) to the
-place where a key's windows are kept. `FlightDelayJobConfig.exchange` picks one:
+range of them, `JobConfig.source_tasks`) to the
+place where a key's windows are kept. `JobConfig.exchange` picks one:
 
 | exchange | what crosses | where windows are kept |
 | --- | --- | --- |
@@ -41,7 +41,7 @@ import numpy as np
 from keyshift.errors import ConfigurationError
 
 EXCHANGES = ("local_merge", "plain", "global_merge")
-"""The exchange strategies of `FlightDelayJobConfig.exchange` (module docstring)."""
+"""The exchange strategies of `JobConfig.exchange` (module docstring)."""
 
 EMIT_MODES = ("batch", "count", "window")
 """Local Merge's emit modes (module docstring); `count` is written `count:N`."""

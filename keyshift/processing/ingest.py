@@ -55,7 +55,6 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -247,7 +246,7 @@ class IngestContext:
     Attributes:
         run_id: the run whose markers are kept (others' are dropped).
         end_offsets: partition -> first offset past the run's input, or None to keep every
-            event (`keyshift.processing.flight_delays.FlightDelayJobConfig.end_offsets`).
+            event (`keyshift.processing.job_query.JobConfig.end_offsets`).
         checkpoint_dir: the query's checkpoint location (each batch's watermark and timestamp,
             `keyshift.eventtime.plausibility.read_batch_reference`); None outside a streaming
             query (the plausibility rule then has no watermark and no batch time).

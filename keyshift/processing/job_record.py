@@ -14,7 +14,7 @@ from typing import Any
 
 
 from keyshift.errors import ConfigurationError
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ the replay record it read), written before its query starts; `--resume` runs fro
 
 
 def save_job_record(
-    run_dir: Path, config: FlightDelayJobConfig, start: dict[int, int], replay: dict[str, str], segments: list[dict[str, Any]] | None = None
+    run_dir: Path, config: JobConfig, start: dict[int, int], replay: dict[str, str], segments: list[dict[str, Any]] | None = None
 ) -> Path:
     """Write the run's job record atomically (see `JOB_RECORD_FILE`); returns its path.
 
@@ -49,7 +49,7 @@ def save_job_record(
     return path
 
 
-def first_segment(config: FlightDelayJobConfig, start: dict[int, int]) -> dict[str, Any]:
+def first_segment(config: JobConfig, start: dict[int, int]) -> dict[str, Any]:
     """The run's first segment: one streaming query, its checkpoint and what it places with.
 
     A segment is what one query of the run does: `checkpoint` (folder name under the run),
@@ -87,7 +87,7 @@ def load_segments(run_dir: Path) -> list[dict[str, Any]]:
     return [first_segment(config, start)]
 
 
-def segment_config(config: FlightDelayJobConfig, segment: dict[str, Any]) -> FlightDelayJobConfig:
+def segment_config(config: JobConfig, segment: dict[str, Any]) -> JobConfig:
     """The run's config with the placement of `segment` (strategy, P, S, epoch, assignment, split)."""
     split = {k: tuple(v) for k, v in (segment.get("split") or {}).items()} or None
     stateful = segment.get("stateful_partitions")
@@ -107,7 +107,7 @@ def marker_floor(segment: dict[str, Any]) -> dict[int, int]:
     return {int(p): int(o) for p, o in (segment.get("marker_floor") or {}).items()}
 
 
-def load_job_record(run_dir: Path) -> tuple[FlightDelayJobConfig, dict[int, int], dict[str, str]]:
+def load_job_record(run_dir: Path) -> tuple[JobConfig, dict[int, int], dict[str, str]]:
     """(config, start offsets partition -> offset, replay record) of a started run.
 
     Raises:
@@ -118,11 +118,11 @@ def load_job_record(run_dir: Path) -> tuple[FlightDelayJobConfig, dict[int, int]
     if not path.exists():
         raise ConfigurationError(f"run folder {run_dir} has no {JOB_RECORD_FILE}: there is no started run to resume there")
     record = json.loads(path.read_text())
-    known = {f.name for f in fields(FlightDelayJobConfig)}
+    known = {f.name for f in fields(JobConfig)}
     raw = {k: v for k, v in record["config"].items() if k in known}
     if raw.get("end_offsets") is not None:
         raw["end_offsets"] = {int(p): int(o) for p, o in raw["end_offsets"].items()}
     if raw.get("split") is not None:
         raw["split"] = {key: tuple(slots) for key, slots in raw["split"].items()}
     start = {int(p): int(o) for p, o in record["start_offsets"].items()}
-    return FlightDelayJobConfig(**raw), start, record.get("replay") or {}
+    return JobConfig(**raw), start, record.get("replay") or {}

@@ -1,7 +1,7 @@
 """The keyed window engine's key-window path: sliding windows of a job spec computed with key windows.
 
 A spec with `window="key_windows"` (`keyshift.jobs.spec.JobSpec`; paper 003) takes this path
-after the shared front of `keyshift.processing.flight_delays.flight_delay_stream` (parse and
+after the shared front of `keyshift.processing.job_query.job_stream` (parse and
 validate, this run's records, plausibility, watermark, markers dropped):
 
     events -> slot token per row (mapInPandas: the placement Local Merge uses, no pre-aggregation)

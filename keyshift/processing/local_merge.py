@@ -111,7 +111,7 @@ def per_kafka_partition(segments: np.ndarray | None, kafka_partitions: np.ndarra
     Kafka partition, so a partial's events share one `kafka_partition` and its `kafka_offsets`
     say exactly where they were read (late events and dead letters keep their coordinates).
 
-    A task of the coalesced ingest stage (`FlightDelayJobConfig.source_tasks` < P) reads several
+    A task of the coalesced ingest stage (`JobConfig.source_tasks` < P) reads several
     Kafka partitions; under Ahead KeyBy (a key-affine topic) a key is in one of them, so this
     adds no partial there; on a `round_robin` topic it keeps one partial per (key, window,
     token, Kafka partition), as one task per Kafka partition made.
@@ -271,7 +271,7 @@ def partials_function(
     its partials (`partials_arrow`, a table of `arrow_partial_schema(spec)`).
 
     A Spark partition holds the micro-batch's slice of one Kafka partition, or of a range of
-    them when the ingest stage is coalesced (`FlightDelayJobConfig.source_tasks`); every event
+    them when the ingest stage is coalesced (`JobConfig.source_tasks`); every event
     of a partial shares its `kafka_partition` (`per_kafka_partition`), and the slice (at most
     `maxOffsetsPerTrigger` records) is aggregated at once. The processor merges partials of the
     same window from different micro-batches, so how input is cut changes speed, never results.

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.clocked_batches import partition_clock_summary
 from keyshift.processing.sinks import KeyedWindowSink
@@ -124,7 +124,7 @@ def source_end_offsets(progress: dict[str, Any], topic: str) -> dict[int, int]:
     return {}
 
 
-def publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config: FlightDelayJobConfig,
+def publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config: JobConfig,
                       segment: dict[str, Any], state: dict[str, Any], seen: set[int]) -> bool:
     """Publish a progress record for each batch of `query` not in `seen` (query batch ids);
     returns whether there was one. Updates `state`: batches, records read, consumed offsets,
@@ -229,7 +229,7 @@ def task_time_summary(times: dict[str, dict[str, list[float]]], partitions: int,
 
 
 def build_summary(
-    config: FlightDelayJobConfig,
+    config: JobConfig,
     replay: dict[str, str],
     sink: KeyedWindowSink,
     watch: dict[str, Any],
@@ -315,7 +315,7 @@ def attempts_summary(recorder: RunRecorder, events_read: int, seconds: float) ->
             "attempt_events_per_second": attempts[-1]["events_per_second"]}
 
 
-def key_window_summary(config: FlightDelayJobConfig, sink: KeyWindowSink) -> dict[str, Any]:
+def key_window_summary(config: JobConfig, sink: KeyWindowSink) -> dict[str, Any]:
     """A key-window run's own figures: the slide (ms), updates emitted, events retired (the
     ledger's `sum_window_counts`), and the rows Spark's native sliding-window aggregation gives for
     the same results (`native_window_rows` over the key_windows table), with their ratio."""

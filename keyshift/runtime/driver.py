@@ -1,6 +1,6 @@
-"""Run the flight delay job: Kafka source -> pipeline -> sink, watched until drained or stopped.
+"""Run a keyed window job (any registered spec): Kafka source -> pipeline -> sink, watched until drained or stopped.
 
-`run_flight_delays` is the one entry point (the CLI, spark_jobs/flight_delays.py and the Airflow
+`run_job` is the one entry point (the CLI, spark_jobs/keyshift_job.py and the Airflow
 DAG all call it). A bounded run (`config.limit`) starts its query at once and reads records as
 they arrive; its input ends at the topic's end offsets at the moment the topic first holds `limit`
 records past the run's start (`InputEnd`; with `wait_for_input`, the query starts only then). It
@@ -34,7 +34,7 @@ from keyshift.console import STEP, EventsBar
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.kafka_clients import client_options
-from keyshift.processing.flight_delays import LEARNED_STRATEGIES, FlightDelayJobConfig, check_job_strategy, flight_delay_stream
+from keyshift.processing.job_query import LEARNED_STRATEGIES, JobConfig, check_job_strategy, job_stream
 from keyshift.processing.processor import state_variables
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.processing.resources import ResourceSampler
@@ -67,9 +67,9 @@ from keyshift.processing.spark_checkpoint import committed_batches, pending_even
 log = logging.getLogger(__name__)
 
 
-def run_flight_delays(
+def run_job(
     settings: Settings,
-    config: FlightDelayJobConfig,
+    config: JobConfig,
     starting: str = "replay",
     spark: SparkSession | None = None,
     wait_timeout_s: float = 600.0,
@@ -78,7 +78,7 @@ def run_flight_delays(
     progress: bool = False,
     wait_for_input: bool = False,
 ) -> dict[str, Any]:
-    """Run the flight delay job, or resume a crashed run, and return its summary (also written
+    """Run a keyed window job (`config.job`), or resume a crashed run, and return its summary (also written
     to summary.json).
 
     Args:
@@ -244,7 +244,7 @@ def run_flight_delays(
         stop_signals.restore()
 
 
-def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_dir: Path, recorder: RunRecorder, input_end: InputEnd,
+def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, recorder: RunRecorder, input_end: InputEnd,
                   stop_requested, side_outputs: TransactionalSideOutputs, task_times: TaskTimeRecorder):
     """Run the run's segments: the last one's query, then, whenever a switch is asked for, cut,
     migrate and go on with the next (`keyshift.migration`), until the run is done or stopped.
@@ -299,7 +299,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
             sink = KeyedWindowSink(spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
                                    side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
         initial = initial_state_frame(spark, run_dir / segment["initial_state"], variables) if segment.get("initial_state") else None
-        stream = flight_delay_stream(
+        stream = job_stream(
             read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger,
                        config.max_partition_drift_ms, spec.event_time_field), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
@@ -382,7 +382,7 @@ def _run_segments(spark, settings: Settings, config: FlightDelayJobConfig, run_d
         record = control.current()
 
 
-def _global_merge_state(settings: Settings, config: FlightDelayJobConfig):
+def _global_merge_state(settings: Settings, config: JobConfig):
     """The run's `keyshift.processing.global_merge.GlobalMergeState`."""
     import redis
 
@@ -392,7 +392,7 @@ def _global_merge_state(settings: Settings, config: FlightDelayJobConfig):
 
 
 def _watch(
-    query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: FlightDelayJobConfig, input_end: InputEnd,
+    query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: JobConfig, input_end: InputEnd,
     stop_requested, checkpoint: Path, segment: dict[str, Any], control, state: dict[str, Any] | None,
     switching: dict[str, Any] | None, finish_switch, save_end,
 ) -> dict[str, Any]:
@@ -495,7 +495,7 @@ def _watch(
         time.sleep(0.1)
 
 
-def _with_default_stateful_partitions(config: FlightDelayJobConfig, spark: SparkSession | None, master: str) -> FlightDelayJobConfig:
+def _with_default_stateful_partitions(config: JobConfig, spark: SparkSession | None, master: str) -> JobConfig:
     """`config` with `max_stateful_partitions` = `default_max_stateful_partitions` of the engine's
     cores: the session's default parallelism when it runs already, else a local master's
     (`local_master_cores`). On a cluster master not started yet the cap stays None (S = P)."""
@@ -511,7 +511,7 @@ def _with_default_stateful_partitions(config: FlightDelayJobConfig, spark: Spark
     return config
 
 
-def _with_learned_assignment(settings: Settings, config: FlightDelayJobConfig) -> FlightDelayJobConfig:
+def _with_learned_assignment(settings: Settings, config: JobConfig) -> JobConfig:
     """`config` with the assignment and epoch published in Redis under the input topic's name.
 
     Raises:

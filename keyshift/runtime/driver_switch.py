@@ -13,7 +13,7 @@ from typing import Any
 
 
 from keyshift.console import STEP
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
 from keyshift.processing.sinks import KeyedWindowSink
 from keyshift.processing.kafka_input import covers, input_reached, marker_room
@@ -83,7 +83,7 @@ def switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> b
     return False
 
 
-def settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, config: FlightDelayJobConfig,
+def settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, config: JobConfig,
                            finish_switch) -> None:
     """A run stopped while switch `switching`'s new query ran: finish the switch if that query
     committed a batch and the switch was not verified yet; else leave it at step `published`,
@@ -129,7 +129,7 @@ def hold_new_query_batch(sink, segment: dict[str, Any], switching: dict[str, Any
         sink.hold_after_outputs_of = int(segment["batch_base"])
 
 
-def hold_markers_batch(sink, segment: dict[str, Any], config: FlightDelayJobConfig, target: dict[int, int] | None,
+def hold_markers_batch(sink, segment: dict[str, Any], config: JobConfig, target: dict[int, int] | None,
                         checkpoint: Path) -> None:
     """Failpoint `switch.before_markers_batch@n` (n = this segment's index + 1): the sink holds
     the batch planned to the input's end (the one after which the driver writes the markers)

@@ -90,7 +90,7 @@ def test_branch_choice(dag, limit, branch):
 def test_spark_submit_operator_renders_args_from_params(dag):
     op = dag.task_dict["spark_submit"]
     assert op._conn_id == "spark_default"
-    assert op.application == str(REPO / "spark_jobs" / "flight_delays.py")
+    assert op.application == str(REPO / "spark_jobs" / "keyshift_job.py")
     assert op.jars == "{{ connector_jars() }}"  # rendered at run time: under spark-submit the JVM exists before the job runs
     assert op.conf == {"spark.driver.extraJavaOptions": "{{ driver_java_options() }}"}  # the class archive, at run time
     env = dag.get_template_env()
@@ -510,8 +510,8 @@ _DAG_TEST_CONTINUOUS = textwrap.dedent(
 
 @pytest.mark.integration
 def test_dag_test_continuous_path_launch_watch_stop(stack_settings, tmp_path):
-    if not (REPO / "spark_jobs" / "flight_delays.py").exists():
-        pytest.skip("spark_jobs/flight_delays.py is not there yet")
+    if not (REPO / "spark_jobs" / "keyshift_job.py").exists():
+        pytest.skip("spark_jobs/keyshift_job.py is not there yet")
     runs = tmp_path / "runs"
     env = _dag_test_env(tmp_path, KEYSHIFT_RUNS_DIR=str(runs))
     proc = subprocess.run([sys.executable, "-c", _DAG_TEST_CONTINUOUS, str(DAG_FILE), str(stack_settings.partitions)],

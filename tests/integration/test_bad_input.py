@@ -29,7 +29,7 @@ import pytest
 
 from keyshift.eventtime.plausibility import TOO_FAR_AHEAD, TOO_FAR_BEHIND, TOO_FAR_IN_THE_FUTURE
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.processor import DUPLICATE_EVENT_ID
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,7 @@ def run(stack_settings, spark):
     from keyshift.data.replay import encode_values
     from keyshift.kafka_clients import client_options
     from keyshift.placement.strategies import strategy_by_name
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
     from keyshift.topics import create_topics
 
     settings = stack_settings
@@ -141,11 +141,11 @@ def run(stack_settings, spark):
     producer.close()
     total = FLIGHTS + 3 * len(CORPUS) + COPIES
 
-    config = FlightDelayJobConfig(
+    config = JobConfig(
         run_id=f"it-bad-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS, limit=total,
         max_offsets_per_trigger=PER_BATCH, bound_ms=2 * 86_400_000, idle_timeout_s=240,
     )
-    summary = run_flight_delays(settings, config, starting="earliest", spark=spark)
+    summary = run_job(settings, config, starting="earliest", spark=spark)
     return {
         "summary": summary, "config": config, "flights": flights, "sent": sent, "copies": copies, "total": total,
         "strategy": strategy, "run_dir": settings.runs_dir / config.run_id,

@@ -24,7 +24,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.placement.strategies import strategy_by_name
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.processor import PENDING_STATE_NAME
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def run(settings, spark, tmp_path_factory):
     """Replay, mix in malformed records, run the job once; the tests read its outputs."""
     from keyshift.data.flights import flights_path
     from keyshift.data.replay import replay_flights
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
     from keyshift.topics import create_topics, describe_topics
 
     topic = f"it-flights-{uuid.uuid4().hex[:8]}"
@@ -78,11 +78,11 @@ def run(settings, spark, tmp_path_factory):
     send_malformed(25)  # ... and after them, on every partition
     producer.close()
 
-    config = FlightDelayJobConfig(
+    config = JobConfig(
         run_id=f"it-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS,
         limit=FLIGHTS + 50, max_offsets_per_trigger=40_000, bound_ms=3_600_000, idle_timeout_s=240,
     )
-    summary = run_flight_delays(settings, config, starting="earliest", spark=spark)
+    summary = run_job(settings, config, starting="earliest", spark=spark)
     flights = pd.read_parquet(flights_path(settings)).iloc[:FLIGHTS]
     late = _read_run_records(settings, LATE_TOPIC, config.run_id)
     return {"summary": summary, "late": late, "config": config, "replay": replay, "flights": flights, "strategy": strategy,

@@ -21,7 +21,7 @@ import pytest
 
 from keyshift.names import LATE_TOPIC
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.processor import PENDING_STATE_NAME
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def runs(settings, spark):
     from keyshift.data.replay import replay_flights
     from keyshift.placement.assignment_store import AssignmentStore
     from keyshift.placement.strategies import LeastCountStrategy
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
     from keyshift.topics import create_topics, describe_topics
 
     topic = f"it-hot-split-{uuid.uuid4().hex[:8]}"
@@ -71,11 +71,11 @@ def runs(settings, spark):
 
     summaries = {}
     for strategy in ("hot_split", "hash"):
-        config = FlightDelayJobConfig(
+        config = JobConfig(
             run_id=f"it-{strategy.replace('_', '-')}-{uuid.uuid4().hex[:8]}", strategy=strategy, topic=topic,
             partitions=PARTITIONS, limit=FLIGHTS, max_offsets_per_trigger=BATCH, bound_ms=3_600_000, idle_timeout_s=240,
         )
-        summaries[strategy] = run_flight_delays(settings, config, starting="earliest", spark=spark)
+        summaries[strategy] = run_job(settings, config, starting="earliest", spark=spark)
     final = store.snapshot()  # keys first seen after the first 10 % were placed by the atomic assign
     store.delete()
     assert final["epoch"] == epoch and {k: tuple(v) for k, v in final["split"].items()} == split

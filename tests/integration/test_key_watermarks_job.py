@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]
     from keyshift.data.replay import replay_flights
     from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
     from keyshift.topics import create_topics
 
     topic = f"it-keywm-{strategy}-{uuid.uuid4().hex[:6]}"
@@ -38,11 +38,11 @@ def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     runs = {}
     for mode in modes:
-        config = FlightDelayJobConfig(
+        config = JobConfig(
             run_id=f"it-keywm-{strategy}-{mode}-{uuid.uuid4().hex[:6]}", strategy=strategy, partitions=partitions, topic=topic,
             bound_ms=MINUTE_MS, max_offsets_per_trigger=PER_TRIGGER, limit=FLIGHTS, watermark=mode,
         )
-        runs[mode] = run_flight_delays(settings, config, starting="replay", spark=spark)
+        runs[mode] = run_job(settings, config, starting="replay", spark=spark)
     return runs
 
 

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from tests.integration.flight_runs import assert_lossless
 
 pytestmark = pytest.mark.integration
@@ -61,16 +61,16 @@ def backfills(settings):
 def test_an_aligned_backfill_loses_nothing_and_keeps_the_partitions_within_the_bound(settings, spark, backfills, variant,
                                                                                    mode, drift_ms):
     from keyshift.bench.drift import drift_per_batch
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
 
     topic, reference, flights, gap = backfills[variant]
     spark.conf.set("spark.sql.shuffle.partitions", "8")
-    config = FlightDelayJobConfig(
+    config = JobConfig(
         run_id=f"it-align-{mode}-{uuid.uuid4().hex[:6]}", partitions=8, topic=topic, bound_ms=MINUTE_MS,
         max_offsets_per_trigger=PER_TRIGGER, limit=flights, watermark=mode, max_partition_drift_ms=drift_ms,
         max_ahead_ms=EVERY * 7 * DAY_MS,  # a thinned block of 1,000 events spans 10 times the event time
     )
-    summary = run_flight_delays(settings, config, starting="earliest", spark=spark)
+    summary = run_job(settings, config, starting="earliest", spark=spark)
     assert_lossless(summary, reference, flights)
     assert summary["partition_drift_bound_ms"] == drift_ms
     drift = [d["drift_ms"] for d in drift_per_batch(settings.runs_dir / config.run_id)]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from tests.integration.flight_runs import assert_lossless
 
 pytestmark = pytest.mark.integration
@@ -74,15 +74,15 @@ def drifted(settings):
 def _run(settings, spark, topic: str, flights: int, strategy: str, partitions: int, mode: str) -> dict:
     from keyshift.data.flights import flights_path
     from keyshift.placement.learning import LEARNED_STRATEGIES, learn_and_publish
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
 
     if strategy in LEARNED_STRATEGIES:
         learn_and_publish(settings, topic, strategy, partitions, None, flights=flights_path(settings))
-    config = FlightDelayJobConfig(
+    config = JobConfig(
         run_id=f"it-drift-{strategy}-{mode}-{uuid.uuid4().hex[:6]}", strategy=strategy, partitions=partitions, topic=topic,
         bound_ms=MINUTE_MS, max_offsets_per_trigger=PER_TRIGGER, limit=flights, watermark=mode,
     )
-    return run_flight_delays(settings, config, starting="earliest", spark=spark)
+    return run_job(settings, config, starting="earliest", spark=spark)
 
 
 @pytest.mark.parametrize(("variant", "strategy", "partitions", "modes"), [

@@ -32,8 +32,8 @@ PARTITIONS = 8
 def run(stack_settings, spark):
     """Replay 20,000 flights into a fresh topic and run the job once; returns its run folder and id."""
     from keyshift.data.replay import replay_flights
-    from keyshift.runtime.driver import run_flight_delays
-    from keyshift.processing.flight_delays import FlightDelayJobConfig
+    from keyshift.runtime.driver import run_job
+    from keyshift.processing.job_query import JobConfig
     from keyshift.topics import create_topics, describe_topics
 
     settings = stack_settings
@@ -43,9 +43,9 @@ def run(stack_settings, spark):
     if missing:
         create_topics(settings, missing, PARTITIONS)
     replay_flights(settings, topic, limit=FLIGHTS, strategy="hash", partitions=PARTITIONS, progress=False)
-    config = FlightDelayJobConfig(run_id=f"it-dq-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS,
+    config = JobConfig(run_id=f"it-dq-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS,
                                   limit=FLIGHTS, bound_ms=3_600_000, idle_timeout_s=240)
-    summary = run_flight_delays(settings, config, starting="earliest", spark=spark)
+    summary = run_job(settings, config, starting="earliest", spark=spark)
     assert summary["alerts"] > 0  # the wrong-alert case below needs real alerts to copy
     return {"run_id": config.run_id, "run_dir": Path(settings.runs_dir) / config.run_id, "summary": summary}
 

@@ -1,5 +1,5 @@
 """The sliding flights job (`flight_delays_sliding`: key windows, paper 003) end to end on the real
-stack: Kafka, Redis and Spark, through `run_flight_delays` as the CLI runs it.
+stack: Kafka, Redis and Spark, through `run_job` as the CLI runs it.
 
 20,000 real flights are replayed into a fresh 4-partition topic (hash placement, key = origin),
 with 10 malformed records before them and 10 after, on every partition in turn. The job drains
@@ -28,7 +28,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from keyshift.eventtime.key_windows import SlidingWindow, expand_updates
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +87,7 @@ def _native(spark, flights: pd.DataFrame) -> pd.DataFrame:
 def run(settings, stack_settings, spark):
     """Replay, mix in malformed records, run the sliding job once; the tests read its outputs."""
     from keyshift.data.replay import replay_flights
-    from keyshift.runtime.driver import run_flight_delays
+    from keyshift.runtime.driver import run_job
     from keyshift.topics import create_topics, describe_topics
 
     topic = f"kw-sliding-{uuid.uuid4().hex[:8]}"
@@ -108,12 +108,12 @@ def run(settings, stack_settings, spark):
     send_malformed(10)
     producer.close()
 
-    config = FlightDelayJobConfig(
+    config = JobConfig(
         run_id=f"kw-{uuid.uuid4().hex[:8]}", job="flight_delays_sliding", topic=topic, partitions=PARTITIONS, limit=FLIGHTS + 20,
         max_offsets_per_trigger=7_000, watermark="key", bound_ms=MINUTE_MS, idle_timeout_s=240,
     )
     started = time.monotonic()
-    summary = run_flight_delays(settings, config, starting="earliest", spark=spark)
+    summary = run_job(settings, config, starting="earliest", spark=spark)
     job_seconds = time.monotonic() - started
     flights = _flights(settings)
     started = time.monotonic()

@@ -18,7 +18,7 @@ from keyshift.jobs import job_names, job_spec
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.flight_delays_sliding import FLIGHT_DELAYS_SLIDING, MINUTE_MS
 from keyshift.placement.spark_tokens import token_lookup
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.key_window_processor import END_OF_INPUT_EVENT_TIME_MS, KeyWindowProcessor
 from keyshift.processing.key_window_sink import native_window_rows
 from keyshift.processing.key_window_stream import (
@@ -50,7 +50,7 @@ def test_the_sliding_flights_job_is_registered_with_the_flights_records_and_topi
     assert spec.key_windows and (spec.window_ms, spec.slide_ms) == (HOUR_MS, MINUTE_MS)
     assert spec.fields == FLIGHT_DELAYS.fields and spec.key == "origin" and spec.topics == FLIGHT_DELAYS.topics
     assert spec.value_field == "delay_min" and spec.alert is None and not spec.outputs
-    assert FlightDelayJobConfig(run_id="r", job="flight_delays_sliding").spec is spec
+    assert JobConfig(run_id="r", job="flight_delays_sliding").spec is spec
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from keyshift.processing.job_record import load_job_record, save_job_record
 
 from keyshift.processing.spark_checkpoint import committed_batches
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
-from keyshift.processing.flight_delays import FlightDelayJobConfig
+from keyshift.processing.job_query import JobConfig
 from keyshift.processing.ledger import BatchCounts, RunLedger
 
 
@@ -66,7 +66,7 @@ def test_the_barrier_refuses_batches_not_admitted_and_waits_for_the_one_admitted
 
 
 def test_job_record_round_trip(tmp_path):
-    config = FlightDelayJobConfig(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
+    config = JobConfig(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
                                   assignment={"ORD": 1}, split={"ORD": (1, 2)}, limit=17)
     save_job_record(tmp_path, config, {0: 0, 1: 5, 2: 0, 3: 0}, {"events_produced": "17"})
     loaded, start, replay = load_job_record(tmp_path)
@@ -77,7 +77,7 @@ def test_job_record_round_trip(tmp_path):
 def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
     from keyshift.processing.job_record import load_segments, segment_config
 
-    config = FlightDelayJobConfig(run_id="r2", partitions=32, max_stateful_partitions=8)
+    config = JobConfig(run_id="r2", partitions=32, max_stateful_partitions=8)
     assert config.stateful_partitions == 8
     save_job_record(tmp_path, config, {p: 0 for p in range(32)}, {})
     loaded, _, _ = load_job_record(tmp_path)
@@ -93,19 +93,19 @@ def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
 def test_stateful_partitions_are_at_most_p():
     from keyshift.errors import PlacementError
 
-    assert FlightDelayJobConfig(run_id="r", partitions=8).stateful_partitions == 8
-    assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=64).stateful_partitions == 8
-    assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=3).stateful_partitions == 3
+    assert JobConfig(run_id="r", partitions=8).stateful_partitions == 8
+    assert JobConfig(run_id="r", partitions=8, max_stateful_partitions=64).stateful_partitions == 8
+    assert JobConfig(run_id="r", partitions=8, max_stateful_partitions=3).stateful_partitions == 3
     with pytest.raises(PlacementError, match="max_stateful_partitions"):
-        _ = FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=0).stateful_partitions
+        _ = JobConfig(run_id="r", partitions=8, max_stateful_partitions=0).stateful_partitions
 
 
 def test_the_ingest_stage_runs_s_tasks_except_under_global_merge():
-    assert FlightDelayJobConfig(run_id="r", partitions=32, max_stateful_partitions=2).source_tasks == 2
-    assert FlightDelayJobConfig(run_id="r", partitions=8).source_tasks == 8
-    assert FlightDelayJobConfig(run_id="r", partitions=8, max_stateful_partitions=64).source_tasks == 8
+    assert JobConfig(run_id="r", partitions=32, max_stateful_partitions=2).source_tasks == 2
+    assert JobConfig(run_id="r", partitions=8).source_tasks == 8
+    assert JobConfig(run_id="r", partitions=8, max_stateful_partitions=64).source_tasks == 8
     # global_merge's tasks each merge one Kafka partition's slot into Redis: never coalesced
-    assert FlightDelayJobConfig(run_id="r", partitions=32, max_stateful_partitions=2, exchange="global_merge").source_tasks == 32
+    assert JobConfig(run_id="r", partitions=32, max_stateful_partitions=2, exchange="global_merge").source_tasks == 32
 
 
 def test_resuming_without_a_job_record_names_the_problem(tmp_path):

@@ -1,6 +1,6 @@
 """A keyed window job's pipeline as a function from the Kafka source to the processor's output.
 
-source (Kafka rows: key, value, partition, offset), coalesced to `FlightDelayJobConfig.source_tasks`
+source (Kafka rows: key, value, partition, offset), coalesced to `JobConfig.source_tasks`
 tasks (each reads a range of Kafka partitions)
 -> ingest, one mapInArrow (`keyshift.processing.ingest`): keep this run's records, parse and
    validate (the job spec's record rules), event-time plausibility (implausible events become
@@ -9,7 +9,7 @@ tasks (each reads a range of Kafka partitions)
    the assignment, each carrying its largest event time
 -> event-time watermark over that largest event time -> drop end-of-input markers
 -> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids),
-   over `FlightDelayJobConfig.stateful_partitions` Spark partitions (each slot a token of its own)
+   over `JobConfig.stateful_partitions` Spark partitions (each slot a token of its own)
 
 A spec with `window="key_windows"` (sliding windows, paper 003) shares the ingest (without Local
 Merge: one row per event) and the watermark, then takes
@@ -18,7 +18,7 @@ token per event -> KeyWindowProcessor.
 
 The result is a streaming DataFrame of `keyshift.processing.processor.output_schema(spec)` rows
 that the sink (`keyshift.processing.sinks.KeyedWindowSink`) splits into windows, alerts, late
-events, dead letters and per-slot loads. Which job runs is `FlightDelayJobConfig.job` (the
+events, dead letters and per-slot loads. Which job runs is `JobConfig.job` (the
 flights by default); its spec says what is computed (`keyshift.jobs`).
 """
 
@@ -67,13 +67,13 @@ def check_job_strategy(name: str) -> str:
     """
     if name not in JOB_STRATEGIES:
         raise ConfigurationError(
-            f"the flight delay job cannot use strategy {name!r}; use one of {', '.join(JOB_STRATEGIES)}"
+            f"a keyshift job cannot use strategy {name!r}; use one of {', '.join(JOB_STRATEGIES)}"
         )
     return name
 
 
 @dataclass(frozen=True)
-class FlightDelayJobConfig:
+class JobConfig:
     """What one run of a keyed window job does (the flight delay job by default).
 
     Attributes:
@@ -86,7 +86,7 @@ class FlightDelayJobConfig:
             slots over them by range (`keyshift.placement.tokens.stateful_partition_of_slot`);
             its ingest stage runs as many tasks (`source_tasks`).
             None: one per slot (S = P). A new run started by
-            `keyshift.runtime.driver.run_flight_delays` without one gets
+            `keyshift.runtime.driver.run_job` without one gets
             `default_max_stateful_partitions` of its engine's cores, kept in its job record.
         epoch: the assignment epoch in force, written on every window.
         bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
@@ -229,15 +229,15 @@ class FlightDelayJobConfig:
 
 def default_checkpoint_dir(run_id: str) -> Path:
     """`runs/<run_id>/checkpoint` under the default settings' runs folder, where
-    `keyshift.runtime.driver.run_flight_delays` puts a run's checkpoint."""
+    `keyshift.runtime.driver.run_job` puts a run's checkpoint."""
     from keyshift.settings import Settings
 
     return Settings().runs_dir / run_id / "checkpoint"
 
 
-def flight_delay_stream(
+def job_stream(
     kafka_rows: DataFrame,
-    config: FlightDelayJobConfig,
+    config: JobConfig,
     checkpoint_dir: str | Path | None = None,
     initial_state=None,
     watermark_floor_ms: int = 0,
@@ -275,7 +275,7 @@ def flight_delay_stream(
 
     Raises:
         ConfigurationError: a key-window job with split keys or the `timeout` idle fallback; an
-            exchange the run cannot use (`FlightDelayJobConfig.check_exchange`).
+            exchange the run cannot use (`JobConfig.check_exchange`).
 
     The watermark column is dropped before the stateful operator on purpose: the processor itself
     decides lateness per event (window end <= watermark) and sends late events to a side output,
