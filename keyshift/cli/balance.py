@@ -96,7 +96,7 @@ def evaluate(
     """
     from keyshift.monitoring.evaluate import evaluate_sample, save_evaluation, variant_by_label
     from keyshift.monitoring.sampling import Sampler
-    from keyshift.monitoring.triggers import trigger_by_name
+    from keyshift.monitoring.switch_policies import policy_by_name
 
     settings = Settings()
     if topic is not None:
@@ -129,7 +129,7 @@ def evaluate(
     for label in candidates:
         variant_by_label(label)
     evaluation = evaluate_sample(sampler.counts, partitions, in_force, **({"labels": candidates} if candidates else {}))
-    from keyshift.monitoring.triggers import DEFAULT_COST_S, horizon_default
+    from keyshift.monitoring.switch_policies import DEFAULT_COST_S, horizon_default
     from keyshift.orchestration.monitor import EVALUATION_INTERVAL_S
 
     options: dict[str, float] = {"horizon_s": horizon_default(horizon_s, EVALUATION_INTERVAL_S).seconds}
@@ -141,7 +141,7 @@ def evaluate(
         options["theta"] = theta
     else:
         options.update(default_cost_s=DEFAULT_COST_S if cost_s is None else cost_s, margin=margin, cooldown_s=cooldown_s)
-    chosen = trigger_by_name(trigger, **options)
+    chosen = policy_by_name(trigger, **options)
     if trigger == "periodic":
         chosen.observe(evaluation, 0.0, 0)  # starts the clock; the invocation is the timer firing
         decision = chosen.observe(evaluation, period_s, sampler.seen)

@@ -217,7 +217,7 @@ def evaluation_record(
     """One evaluation as a JSON-able record: what latest.json and the Redis series hold.
 
     Args:
-        evaluation: the sampled figures. decision: a frozen dataclass (`triggers.Decision`) or None.
+        evaluation: the sampled figures. decision: a frozen dataclass (`switch_policies.Decision`) or None.
         at: when it was made (UTC). context: extra JSON-able fields put at the top level
             (series, source, key, sampling, ...). measured: `loads.MeasuredLoads` values (real
             per-slot loads), stored under `measured[<source>]`. history_file: the Parquet file.
@@ -258,7 +258,7 @@ def save_evaluation(
 
     Args:
         directory: the balance directory, e.g. `settings.runs_dir / "balance"`.
-        evaluation: what to store. decision: a frozen dataclass (e.g. `triggers.Decision`) or None.
+        evaluation: what to store. decision: a frozen dataclass (e.g. `switch_policies.Decision`) or None.
         at: timestamp (UTC; default now). context: extra JSON-able fields (source, key, ...).
         measured: `loads.MeasuredLoads` values (arrivals, processed), if measured.
 

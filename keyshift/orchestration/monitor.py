@@ -47,16 +47,16 @@ from keyshift.settings import Settings
 
 if TYPE_CHECKING:
     from keyshift.monitoring.results import LastSwitch
-    from keyshift.monitoring.triggers import MeasuredSwitch, SourcedSeconds
+    from keyshift.monitoring.switch_policies import MeasuredSwitch, SourcedSeconds
 
 log = logging.getLogger(__name__)
 
 EVALUATION_INTERVAL = timedelta(minutes=10)
 """How often `keyshift_balance_monitor` evaluates a topic: the DAG's schedule (defined here only).
-A decision stands until the next evaluation, so it is also the triggers' default horizon."""
+A decision stands until the next evaluation, so it is also the switch policies' default horizon."""
 
 EVALUATION_INTERVAL_S = EVALUATION_INTERVAL.total_seconds()
-"""`EVALUATION_INTERVAL` in seconds (600.0): the default `horizon_s` (`triggers.horizon_default`)."""
+"""`EVALUATION_INTERVAL` in seconds (600.0): the default `horizon_s` (`switch_policies.horizon_default`)."""
 
 DEFAULT_CANDIDATES: tuple[str, ...] = ("hash", "modulo", "least_key", "least_count", "hot_split")
 """Strategies the monitor may recommend by default: those the flight delay job can run
@@ -83,10 +83,10 @@ class MonitorParams(BaseModel):
         trigger: `periodic`, `count`, `threshold` (paper 000 Table 6) or `cost_aware` (ours).
         theta: threshold's θ (balance degree). period_s: periodic's T (seconds).
         every_events: count's N (events). horizon_s: H of the expected gain (seconds); None =
-            the evaluation interval (`EVALUATION_INTERVAL_S`, 600 s; `triggers.horizon_default`).
+            the evaluation interval (`EVALUATION_INTERVAL_S`, 600 s; `switch_policies.horizon_default`).
         cost_s, margin, cooldown_s: cost_aware's migration cost until the topic has a measured
             switch (seconds; None = the median pause of the newest measured switches of any run,
-            else `triggers.DEFAULT_COST_S`: `triggers.migration_cost`), hysteresis margin, and
+            else `switch_policies.DEFAULT_COST_S`: `switch_policies.migration_cost`), hysteresis margin, and
             cool-down against switching back (seconds).
         sample_every: keep every n-th event read; when None, `sample_fraction` (a seeded share
             in (0, 1]) applies. seed: the sampler's seed.
@@ -139,22 +139,22 @@ class MonitorParams(BaseModel):
 
     def horizon(self) -> SourcedSeconds:
         """H of the expected gain, seconds, with its source: `horizon_s` when set, else the
-        evaluation interval (`EVALUATION_INTERVAL_S`; `triggers.horizon_default`)."""
-        from keyshift.monitoring.triggers import horizon_default
+        evaluation interval (`EVALUATION_INTERVAL_S`; `switch_policies.horizon_default`)."""
+        from keyshift.monitoring.switch_policies import horizon_default
 
         return horizon_default(self.horizon_s, EVALUATION_INTERVAL_S)
 
     def trigger_options(self, cost: SourcedSeconds | None = None) -> dict[str, Any]:
-        """Keyword options of `triggers.trigger_by_name` for `trigger`.
+        """Keyword options of `switch_policies.policy_by_name` for `trigger`.
 
         Args:
             cost: cost_aware's migration cost with its source (`trigger_costs`, which reads the
-                measured switches in Redis); None = `cost_s` when set, else `triggers.DEFAULT_COST_S`.
+                measured switches in Redis); None = `cost_s` when set, else `switch_policies.DEFAULT_COST_S`.
 
         Every trigger gets `horizon_s` = `horizon()`; cost_aware also gets the sources of the
         horizon and the cost, which its reasons name.
         """
-        from keyshift.monitoring.triggers import migration_cost
+        from keyshift.monitoring.switch_policies import migration_cost
 
         horizon = self.horizon()
         options: dict[str, Any] = {"horizon_s": horizon.seconds}
@@ -192,7 +192,7 @@ def monitor_params(raw: dict[str, Any]) -> MonitorParams:
 def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredSwitch]:
     """Finished switches with a measured pause, of every run whose switch history is in Redis, newest first.
 
-    Reads the newest `per_run` records (default `triggers.RECENT_SWITCHES`) of each
+    Reads the newest `per_run` records (default `switch_policies.RECENT_SWITCHES`) of each
     `keyshift:switch:run:<run_id>:history` list (`keyshift.migration.switch.SwitchControl`
     pushes every finished switch there, newest first), so the overall newest `per_run` are among
     them. A record counts when its `state` is `done` and its `pause_seconds` (stop request to the
@@ -208,7 +208,7 @@ def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredS
     import redis
 
     from keyshift.errors import StackError
-    from keyshift.monitoring.triggers import RECENT_SWITCHES, MeasuredSwitch
+    from keyshift.monitoring.switch_policies import RECENT_SWITCHES, MeasuredSwitch
 
     per_run = per_run or RECENT_SWITCHES
     try:
@@ -237,16 +237,16 @@ def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredS
 
 
 def trigger_costs(client: Any, topic: str, cost_s: float | None, last: LastSwitch | None) -> SourcedSeconds:
-    """cost_aware's migration cost for `topic`, seconds, with its source (`triggers.migration_cost`).
+    """cost_aware's migration cost for `topic`, seconds, with its source (`switch_policies.migration_cost`).
 
     1. the topic's last measured switch: `migration_s` of the topic's last switch in Redis
        (`keyshift:balance:<topic>:last_switch`, which the driver writes when a switch is done),
        named by the switch id of the switch history record with that topic and pause; when that
        hash holds no measured cost, the newest measured switch of the topic in the histories;
     2. `cost_s` when set;
-    3. the median pause of the `triggers.RECENT_SWITCHES` newest measured switches of any run and
+    3. the median pause of the `switch_policies.RECENT_SWITCHES` newest measured switches of any run and
        topic (`measured_switches`);
-    4. `triggers.DEFAULT_COST_S`.
+    4. `switch_policies.DEFAULT_COST_S`.
 
     Args:
         client: a Redis client with `decode_responses=True`. topic: the monitored topic.
@@ -255,7 +255,7 @@ def trigger_costs(client: Any, topic: str, cost_s: float | None, last: LastSwitc
     Raises:
         StackError: Redis is unreachable.
     """
-    from keyshift.monitoring.triggers import MeasuredSwitch, migration_cost
+    from keyshift.monitoring.switch_policies import MeasuredSwitch, migration_cost
 
     switches = measured_switches(client)
     ours = [s for s in switches if s.topic == topic]
@@ -327,7 +327,7 @@ def evaluate_topic(
     from keyshift.monitoring.results import LastSwitch, ResultStore, balance_dir
     from keyshift.monitoring.sampling import Sampler
     from keyshift.monitoring.stream import read_offsets, sample_topic
-    from keyshift.monitoring.triggers import Decision, trigger_by_name
+    from keyshift.monitoring.switch_policies import Decision, policy_by_name
 
     at = now or datetime.now(timezone.utc)
     now_s = at.timestamp()
@@ -378,7 +378,7 @@ def evaluate_topic(
     context.update({"horizon_s": horizon.seconds, "horizon_source": horizon.source})
     if cost is not None:
         context.update({"cost_s": cost.seconds, "cost_source": cost.source})
-    trigger = trigger_by_name(params.trigger, **params.trigger_options(cost))
+    trigger = policy_by_name(params.trigger, **params.trigger_options(cost))
     if cursor.get("trigger") == params.trigger:
         trigger.restore(cursor.get("trigger_state") or {})
     if last is not None:

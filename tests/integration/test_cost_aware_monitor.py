@@ -17,7 +17,7 @@ import redis
 
 from keyshift import names
 from keyshift.monitoring.results import ResultStore
-from keyshift.monitoring.triggers import RECENT_SWITCHES
+from keyshift.monitoring.switch_policies import RECENT_SWITCHES
 from keyshift.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -95,7 +95,7 @@ def _monitor_record(at: datetime, in_force: str, run_id: str, lag: int, processe
     """One balance-monitor record, scored by the monitor's own functions on a skewed sample of origins."""
     from keyshift.monitoring.evaluate import evaluate_sample, evaluation_record
     from keyshift.monitoring.loads import measured_loads
-    from keyshift.monitoring.triggers import Decision
+    from keyshift.monitoring.switch_policies import Decision
 
     sample = {"ORD": 900, "ATL": 700, "DFW": 650, "LAX": 500, "PHX": 300, "DEN": 280, "LAS": 200, "SFO": 150, "BOS": 90, "MIA": 60}
     evaluation = evaluate_sample(sample, P, in_force, labels=("hash", "least_key", "least_count", "hot_split"))

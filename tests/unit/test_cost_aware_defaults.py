@@ -11,15 +11,15 @@ import pytest
 from keyshift.errors import ConfigurationError
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
 from keyshift.monitoring.evaluate import Evaluation, StrategyEvaluation
-from keyshift.monitoring.triggers import (
+from keyshift.monitoring.switch_policies import (
     DEFAULT_COST_S,
     RECENT_SWITCHES,
-    CostAwareTrigger,
+    CostAwarePolicy,
     MeasuredSwitch,
     horizon_default,
     migration_cost,
     schedule_text,
-    trigger_by_name,
+    policy_by_name,
 )
 from keyshift.orchestration.monitor import EVALUATION_INTERVAL, EVALUATION_INTERVAL_S, monitor_params
 
@@ -70,7 +70,7 @@ def test_monitor_params_count_the_gain_over_the_schedule() -> None:
 
 def test_a_mild_skew_pays_over_the_ten_minutes_the_decision_stands() -> None:
     # the old defaults (60 s, 5 s) stayed: 2.86 s < 6 s; over the schedule's 600 s, 28.6 s > 12 s
-    trigger = trigger_by_name("cost_aware", **monitor_params({"topic": "flights"}).trigger_options())
+    trigger = policy_by_name("cost_aware", **monitor_params({"topic": "flights"}).trigger_options())
     decision = trigger.observe(MILD, 0.0, 40)
     assert decision.switch and decision.strategy == "least_count"
     assert decision.expected_gain_s == pytest.approx(600.0 * (1 - 1 / 1.05))
@@ -117,7 +117,7 @@ def test_cost_median_takes_only_the_newest_switches() -> None:
 
 
 def test_every_cost_aware_reason_names_the_horizon_and_the_cost_with_their_sources() -> None:
-    trigger = CostAwareTrigger(horizon_s=600.0, default_cost_s=12.4, horizon_source="the monitor's 10-min schedule",
+    trigger = CostAwarePolicy(horizon_s=600.0, default_cost_s=12.4, horizon_source="the monitor's 10-min schedule",
                                cost_source="median pause of 5 measured switches")
     basis = "horizon 600 s = the monitor's 10-min schedule; cost 12.40 s = median pause of 5 measured switches"
     assert trigger.basis == basis
@@ -130,6 +130,6 @@ def test_every_cost_aware_reason_names_the_horizon_and_the_cost_with_their_sourc
 
 
 def test_a_trigger_built_without_a_cost_uses_the_documented_default() -> None:
-    trigger = CostAwareTrigger()
+    trigger = CostAwarePolicy()
     assert trigger.cost_s == DEFAULT_COST_S and trigger.cost_source == "the default, no switch measured"
-    assert CostAwareTrigger(default_cost_s=5.0).cost_source == "default_cost_s as given"
+    assert CostAwarePolicy(default_cost_s=5.0).cost_source == "default_cost_s as given"

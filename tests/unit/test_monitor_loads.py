@@ -12,7 +12,7 @@ from keyshift.errors import ConfigurationError
 from keyshift.monitoring.evaluate import evaluate_sample, save_evaluation
 from keyshift.monitoring.loads import JobCounts, arrival_ranges, arrivals, bounded_ranges, measured_loads, since_previous
 from keyshift.monitoring.results import history_records
-from keyshift.monitoring.triggers import CountTrigger, PeriodicTrigger, ThresholdTrigger, Decision
+from keyshift.monitoring.switch_policies import CountPolicy, PeriodicPolicy, ThresholdPolicy, Decision
 from keyshift.orchestration.monitor import DEFAULT_CANDIDATES, SwitchRequest, monitor_params
 
 # ---------------------------------------------------------------- arrivals from end offsets
@@ -94,7 +94,7 @@ def test_monitor_figures_on_a_known_sample() -> None:
     assert [r.strategy for r in evaluation.results] == ["hash", "least_count"]
     assert evaluation.of("least_count").loads in ((6, 6),) and evaluation.of("least_count").balance_degree == 1.0
     assert sum(evaluation.current.loads) == evaluation.events == 12
-    decision = ThresholdTrigger(1.0).observe(evaluation, 0.0, 12)
+    decision = ThresholdPolicy(1.0).observe(evaluation, 0.0, 12)
     assert decision.switch is (evaluation.current.balance_degree < 1.0)
 
 
@@ -103,15 +103,15 @@ def test_monitor_figures_on_a_known_sample() -> None:
 
 def test_periodic_and_count_resume_from_state() -> None:
     evaluation = evaluate_sample({"A": 6, "B": 3, "C": 2, "D": 1}, 2, "hash", labels=["hash", "least_count"])
-    first = PeriodicTrigger(60.0)
+    first = PeriodicPolicy(60.0)
     assert first.observe(evaluation, 1000.0, 0).reason.startswith("periodic: 0.0 s")  # starts the clock
-    resumed = PeriodicTrigger(60.0)
+    resumed = PeriodicPolicy(60.0)
     resumed.restore(first.state())
     assert "elapsed" in resumed.observe(evaluation, 1030.0, 0).reason  # 30 s of 60 s
     assert "70.0 s >=" in resumed.observe(evaluation, 1070.0, 0).reason  # fired: the clock carried over
-    counted = CountTrigger(100)
+    counted = CountPolicy(100)
     counted.observe(evaluation, 0.0, 60)
-    again = CountTrigger(100)
+    again = CountPolicy(100)
     again.restore(counted.state())
     assert "count: 110 events >= 100" in again.observe(evaluation, 1.0, 50).reason
 

@@ -11,15 +11,15 @@ from keyshift.errors import ConfigurationError
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
 from keyshift.monitoring.evaluate import Evaluation, StrategyEvaluation, evaluate_sample, load_latest, save_evaluation
 from keyshift.monitoring.sampling import Sampler
-from keyshift.monitoring.triggers import (
-    CostAwareTrigger,
-    CountTrigger,
+from keyshift.monitoring.switch_policies import (
+    CostAwarePolicy,
+    CountPolicy,
     Decision,
-    PeriodicTrigger,
-    ThresholdTrigger,
-    Trigger,
+    PeriodicPolicy,
+    ThresholdPolicy,
+    SwitchPolicy,
     expected_gain_s,
-    trigger_by_name,
+    policy_by_name,
 )
 from keyshift.placement.strategies import bucket_of
 
@@ -203,7 +203,7 @@ EVEN = _evaluation("hash", {"hash": (6, 6), "least_count": (7, 5)})  # hash is a
     ],
 )
 def test_periodic_fires_every_t_seconds(steps: list[float], expected: list[bool]) -> None:
-    trigger = PeriodicTrigger(period_s=10)
+    trigger = PeriodicPolicy(period_s=10)
     decisions = [trigger.observe(SKEWED, now, 0) for now in steps]
     assert [decision.switch for decision in decisions] == expected
     assert {d.strategy for d in decisions if d.switch} == {"least_count"}
@@ -222,7 +222,7 @@ def test_periodic_fires_every_t_seconds(steps: list[float], expected: list[bool]
     ],
 )
 def test_count_fires_every_n_events(events: list[int], expected: list[bool]) -> None:
-    trigger = CountTrigger(every_events=100)
+    trigger = CountPolicy(every_events=100)
     assert [trigger.observe(SKEWED, float(i), n).switch for i, n in enumerate(events)] == expected
 
 
@@ -237,18 +237,18 @@ def test_count_fires_every_n_events(events: list[int], expected: list[bool]) -> 
 )
 def test_threshold_fires_below_theta(loads_in_force: tuple[int, int], switch: bool) -> None:
     evaluation = _evaluation("hash", {"hash": loads_in_force, "least_count": (6, 6)})
-    decision = ThresholdTrigger(theta=0.5).observe(evaluation, 0.0, 0)
+    decision = ThresholdPolicy(theta=0.5).observe(evaluation, 0.0, 0)
     assert decision.switch is switch
     assert decision.strategy == ("least_count" if switch else "hash")
 
 
 def test_paper_triggers_do_not_switch_when_the_strategy_in_force_is_best() -> None:
     # every paper trigger fires here, but the best balance degree is already in force
-    for trigger in (PeriodicTrigger(1), CountTrigger(1), ThresholdTrigger(1.0)):
+    for trigger in (PeriodicPolicy(1), CountPolicy(1), ThresholdPolicy(1.0)):
         trigger.observe(EVEN, 0.0, 1)
         decision = trigger.observe(EVEN, 5.0, 1)
         assert decision == Decision(False, "hash", decision.reason, 0.0, trigger.name)
-        assert isinstance(trigger, Trigger)
+        assert isinstance(trigger, SwitchPolicy)
 
 
 def test_expected_gain_is_the_makespan_saved_over_the_horizon() -> None:
@@ -268,7 +268,7 @@ def test_expected_gain_is_the_makespan_saved_over_the_horizon() -> None:
     ],
 )
 def test_cost_aware_switches_only_when_the_gain_exceeds_the_cost(horizon_s: float, cost_s: float, margin: float, switch: bool) -> None:
-    trigger = CostAwareTrigger(horizon_s=horizon_s, default_cost_s=cost_s, margin=margin)
+    trigger = CostAwarePolicy(horizon_s=horizon_s, default_cost_s=cost_s, margin=margin)
     decision = trigger.observe(SKEWED, 0.0, 1000)
     assert decision.switch is switch
     assert decision.strategy == ("least_count" if switch else "hash")
@@ -276,7 +276,7 @@ def test_cost_aware_switches_only_when_the_gain_exceeds_the_cost(horizon_s: floa
 
 
 def test_cost_aware_uses_the_measured_cost_of_the_last_migration() -> None:
-    trigger = CostAwareTrigger(horizon_s=60.0, default_cost_s=1.0, margin=0.2, cooldown_s=0.0)
+    trigger = CostAwarePolicy(horizon_s=60.0, default_cost_s=1.0, margin=0.2, cooldown_s=0.0)
     assert trigger.observe(SKEWED, 0.0, 0).switch  # 20 s > 1.2 s
     trigger.record_switch("least_count", "hash", 1.0, migration_s=30.0)  # a migration measured at 30 s
     assert trigger.cost_s == 30.0
@@ -286,7 +286,7 @@ def test_cost_aware_uses_the_measured_cost_of_the_last_migration() -> None:
 
 
 def test_cost_aware_never_flaps_back_within_the_cool_down() -> None:
-    trigger = CostAwareTrigger(horizon_s=60.0, default_cost_s=1.0, margin=0.2, cooldown_s=300.0)
+    trigger = CostAwarePolicy(horizon_s=60.0, default_cost_s=1.0, margin=0.2, cooldown_s=300.0)
     first = trigger.observe(SKEWED, 0.0, 0)
     assert (first.switch, first.strategy) == (True, "least_count")
     trigger.record_switch("hash", "least_count", 0.0)
@@ -307,7 +307,7 @@ def test_cost_aware_never_flaps_back_within_the_cool_down() -> None:
 
 
 def test_cost_aware_stays_when_the_strategy_in_force_is_best() -> None:
-    decision = CostAwareTrigger(default_cost_s=0.0).observe(EVEN, 0.0, 0)
+    decision = CostAwarePolicy(default_cost_s=0.0).observe(EVEN, 0.0, 0)
     assert decision == Decision(False, "hash", decision.reason, 0.0, "cost_aware")
 
 
@@ -324,12 +324,12 @@ def test_cost_aware_stays_when_the_strategy_in_force_is_best() -> None:
 )
 def test_trigger_by_name_refuses_bad_options(name: str, options: dict) -> None:
     with pytest.raises(ConfigurationError):
-        trigger_by_name(name, **options)
+        policy_by_name(name, **options)
 
 
 def test_triggers_refuse_negative_events() -> None:
     with pytest.raises(ConfigurationError):
-        CountTrigger(10).observe(SKEWED, 0.0, -1)
+        CountPolicy(10).observe(SKEWED, 0.0, -1)
 
 
 # ---------------------------------------------------------------- CLI

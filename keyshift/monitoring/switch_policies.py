@@ -1,4 +1,4 @@
-"""Switch triggers: when to move to another placement strategy (paper 000 §4.2.2, Table 6; ours).
+"""Switch policies: when to move to another placement strategy (paper 000 §4.2.2, Table 6 calls them triggers; ours).
 
 Every trigger has one interface, `observe(evaluation, now_s, events) -> Decision`, called after
 each evaluation of a sample (`keyshift.monitoring.evaluate.Evaluation`):
@@ -17,7 +17,7 @@ Paper 000 Table 6 (定期 / 定量 / 阈值):
 
 Ours, `cost_aware` (DESIGN.md, "Switch only when it pays"): move to the strategy with the
 lowest max/mean only when the makespan it saves over a horizon of H seconds exceeds the cost of
-a migration, with hysteresis (see `CostAwareTrigger`).
+a migration, with hysteresis (see `CostAwarePolicy`).
 
 The **expected gain** every decision carries is that makespan saved, in seconds: a saturated
 job spends `horizon_s` on the work the horizon brings; a batch lasts as long as its busiest
@@ -110,7 +110,7 @@ def schedule_text(interval_s: float) -> str:
 
 
 def horizon_default(given_s: float | None, interval_s: float) -> SourcedSeconds:
-    """The horizon H of the monitor's triggers, seconds: `given_s` when set, else `interval_s`.
+    """The horizon H of the monitor's switch policies, seconds: `given_s` when set, else `interval_s`.
 
     The monitor decides once per evaluation and its decision stands until the next one, so the
     makespan a switch can save before the next decision is counted over the evaluation interval
@@ -204,7 +204,7 @@ def expected_gain_s(current: StrategyEvaluation, candidate: StrategyEvaluation, 
 
 
 @runtime_checkable
-class Trigger(Protocol):
+class SwitchPolicy(Protocol):
     """The interface of every switch trigger.
 
     Attributes:
@@ -276,7 +276,7 @@ class _BestBalance:
         """Resume from `state()` of an earlier instance (e.g. the previous scheduled evaluation)."""
 
 
-class PeriodicTrigger(_BestBalance):
+class PeriodicPolicy(_BestBalance):
     """Paper 000 Table 6 定期 (periodic): every `period_s` seconds, move to the best balance degree.
 
     The first call starts the clock (it never fires); afterwards the trigger fires at the first
@@ -319,7 +319,7 @@ class PeriodicTrigger(_BestBalance):
         self._last_s = float(state["last_s"]) if "last_s" in state else None
 
 
-class CountTrigger(_BestBalance):
+class CountPolicy(_BestBalance):
     """Paper 000 Table 6 定量 (count): every `every_events` events, move to the best balance degree.
 
     Events are summed over calls; the trigger fires at the call that brings the sum to
@@ -360,7 +360,7 @@ class CountTrigger(_BestBalance):
         self._events = int(state.get("events", 0))
 
 
-class ThresholdTrigger(_BestBalance):
+class ThresholdPolicy(_BestBalance):
     """Paper 000 Table 6 阈值 (threshold): when the balance degree in force is below θ, move to the best.
 
     Fires at every call where eq. 1 of the strategy in force is strictly below θ (the paper's
@@ -391,7 +391,7 @@ class ThresholdTrigger(_BestBalance):
         return self._decide(evaluation, f"threshold: balance degree {degree:.3f} < {self.theta:.3f}")
 
 
-class CostAwareTrigger:
+class CostAwarePolicy:
     """Ours: switch only when it pays (DESIGN.md, "Beyond the papers"), never flapping.
 
     At each call the candidate is the strategy with the lowest max/mean on the sample (ties: the
@@ -518,11 +518,11 @@ class CostAwareTrigger:
         return Decision(True, candidate.strategy, f"cost_aware: pays: {figures}", gain, self.name)
 
 
-TRIGGER_NAMES: tuple[str, ...] = ("periodic", "count", "threshold", "cost_aware")
-"""Names `trigger_by_name` accepts."""
+POLICY_NAMES: tuple[str, ...] = ("periodic", "count", "threshold", "cost_aware")
+"""Names `policy_by_name` accepts."""
 
 
-def trigger_by_name(name: str, **options: float | str | None) -> Trigger:
+def policy_by_name(name: str, **options: float | str | None) -> SwitchPolicy:
     """Build a trigger by name with its keyword options.
 
     periodic: `period_s`; count: `every_events`; threshold: `theta`; cost_aware: `default_cost_s`,
@@ -532,11 +532,11 @@ def trigger_by_name(name: str, **options: float | str | None) -> Trigger:
     Raises:
         ConfigurationError: an unknown name (lists the known ones), or an option it does not take.
     """
-    classes = {"periodic": PeriodicTrigger, "count": CountTrigger, "threshold": ThresholdTrigger, "cost_aware": CostAwareTrigger}
+    classes = {"periodic": PeriodicPolicy, "count": CountPolicy, "threshold": ThresholdPolicy, "cost_aware": CostAwarePolicy}
     try:
         cls = classes[name]
     except KeyError:
-        raise ConfigurationError(f"unknown trigger {name!r}; known: {', '.join(TRIGGER_NAMES)}") from None
+        raise ConfigurationError(f"unknown trigger {name!r}; known: {', '.join(POLICY_NAMES)}") from None
     try:
         return cls(**options)
     except TypeError as exc:
