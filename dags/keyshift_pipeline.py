@@ -38,7 +38,7 @@ from airflow.sdk import Param, dag, task
 
 from keyshift import names
 from keyshift.eventtime.watermarks import WATERMARK_MODES
-from keyshift.processing.exchange import EXCHANGES
+from keyshift.processing.operators.exchange import EXCHANGES
 from keyshift.orchestration import pipeline
 from keyshift.orchestration.sensors import JobProgressSensor
 from keyshift.orchestration.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY_S

@@ -2,7 +2,7 @@
 `keyshift run demo`: step lines and warnings (not every log line), a progress bar of the events
 accounted for, and at the end a short summary table plus the warnings that matter, once.
 
-- `summary_rows`, `render_summary`: the summary dict (`keyshift.processing.run_summary.build_summary`,
+- `summary_rows`, `render_summary`: the summary dict (`keyshift.runtime.run_summary.build_summary`,
   with the demo's checks) as a two-column table (rich), plain text for a given width.
 - `summary_notes`: the warnings a summary calls for (late events, dead letters, a run that does
   not reconcile), one line each.

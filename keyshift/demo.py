@@ -125,7 +125,7 @@ def run_demo(
     from keyshift.data.flights import flights_path
     from keyshift.data.replay import replay_flights
     from keyshift.runtime.driver import StopSignals
-    from keyshift.processing.session import build_spark_session, job_spark_conf
+    from keyshift.runtime.session import build_spark_session, job_spark_conf
     from keyshift.topics import create_topics, describe_topics
 
     log_path = runlog.attach(runlog.driver_log_path(settings.runs_dir / run_id)) if driver_log else None
@@ -166,7 +166,7 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
     from keyshift.data.flights import flights_path
     from keyshift.processing.builtin import compare_windows, run_builtin_windows
     from keyshift.runtime.driver import run_job
-    from keyshift.processing.kafka_input import END_OF_INPUT_EVENT_TIME_MS, read_kafka
+    from keyshift.processing.sources.kafka_input import END_OF_INPUT_EVENT_TIME_MS, read_kafka
     from keyshift.processing.job_query import JobConfig
     from keyshift.quality.reference import compare_to_reference, reference_windows
     from keyshift.quality.windows import validate_windows

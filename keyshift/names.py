@@ -25,7 +25,7 @@ YSB_TOPICS = (YSB_TOPIC, YSB_DEAD_LETTER_TOPIC, YSB_LATE_TOPIC)
 SINK_COMMITS_TOPIC = stack_value("KEYSHIFT_SINK_COMMITS_TOPIC")
 """The topic whose partition 0 carries, per run, the consumer-group offset that a side-output
 transaction commits with its records (last committed batch id + 1; see
-`keyshift.processing.side_outputs`). Nothing is written to it: only group offsets refer to it."""
+`keyshift.processing.outputs.side_outputs`). Nothing is written to it: only group offsets refer to it."""
 
 # Airflow DAG ids.
 PIPELINE_DAG_ID = "keyshift_pipeline"

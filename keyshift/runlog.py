@@ -8,7 +8,7 @@ summary; everything else goes to the run's driver log:
 - the driver JVM's output: Spark's log4j lines (configured by `LOG4J2_CONFIG`: WARN and above,
   Spark's level for pyspark), the JVM's own warnings, and what the Python workers print (Spark
   copies their stdout and stderr to the JVM's stderr, not to log4j). The JVM is started with its
-  stderr appended to the file (`keyshift.processing.session.build_spark_session` with `output=`),
+  stderr appended to the file (`keyshift.runtime.session.build_spark_session` with `output=`),
   and its stdout on this process's stderr, where log4j also writes each Spark ERROR as one line.
 
 Airflow's runs do not come through here: under spark-submit the JVM exists before Python starts,

@@ -56,7 +56,7 @@ class Settings(BaseSettings):
             it to spark-submit as `--driver-memory`.
         spark_class_archive: a job that starts its own driver JVM maps a class-data sharing
             archive of the classes an earlier run loaded, and the first run writes it
-            (`keyshift.processing.class_archive`); False: never.
+            (`keyshift.runtime.class_archive`); False: never.
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.

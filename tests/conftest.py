@@ -45,7 +45,7 @@ def settings():
 def spark(settings):
     """A real local SparkSession configured like a keyshift job, with the Kafka connector."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from keyshift.processing.session import build_spark_session, spark_conf
+    from keyshift.runtime.session import build_spark_session, spark_conf
     from keyshift.stack.spark import connector_jars
 
     session = build_spark_session("keyshift-tests", "local[2]", spark_conf(4, jars=connector_jars(settings), driver_memory="3g"))

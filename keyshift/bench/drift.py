@@ -58,7 +58,7 @@ largest value; whether the windows equal pandas' (`keyshift.quality.reference.re
 `partition`, `key` and `dynamic` mode on the drifted topic; key mode's events/s on the drifted
 topic at least 90 % of key mode's on the undrifted topic; peak state with a drift bound at most
 2x the undrifted run's of the same mode, with the drift bound (`--drift-bound-ms`, default one
-hour: keyshift's aligned Kafka source, `keyshift.processing.aligned_kafka`, Flink's watermark
+hour: keyshift's aligned Kafka source, `keyshift.processing.sources.aligned_kafka`, Flink's watermark
 alignment). For that, `partition` and `key` mode also run with the bound on the drifted topic
 (rows `<mode>, drift bound (drifted)`, field `drift_bound_ms`) and `partition` mode on the
 undrifted topic; the target's value also gives the unbounded runs' ratios.

@@ -104,10 +104,10 @@ def main(topic: str, partitions: int, out: Path, max_offsets_per_trigger: int) -
 def baseline_conf(partitions: int, settings, extra_conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark configuration a baseline job runs with, set up as a user would and as keyshift's
     job is: `spark.sql.shuffle.partitions` = P, the RocksDB state store with changelog
-    checkpointing (`keyshift.processing.session.STATE_STORE_CONF`, as recommended for stateful
+    checkpointing (`keyshift.runtime.session.STATE_STORE_CONF`, as recommended for stateful
     queries), UTC, 4 GB driver (keyshift's jobs run 2 GB, `keyshift.settings.DEFAULT_DRIVER_MEMORY`),
     the connector jars (paths from `settings`); `extra_conf` adds or overrides settings. Nothing of keyshift's own (no Arrow, no Python worker settings)."""
-    from keyshift.processing.session import STATE_STORE_CONF
+    from keyshift.runtime.session import STATE_STORE_CONF
     from keyshift.stack.spark import connector_jars
 
     return {
@@ -124,7 +124,7 @@ def baseline_conf(partitions: int, settings, extra_conf: Mapping[str, str] | Non
 
 def baseline_session(name: str, partitions: int, settings, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
     """The session a baseline job runs in (`baseline_conf`), log level ERROR."""
-    from keyshift.processing.session import build_spark_session
+    from keyshift.runtime.session import build_spark_session
 
     spark = build_spark_session(name, settings.spark_master, baseline_conf(partitions, settings, extra_conf))
     spark.sparkContext.setLogLevel("ERROR")
@@ -135,8 +135,8 @@ def run_measured(spark: SparkSession, run: Callable[[], dict[str, Any]]) -> dict
     """`run()`'s figures plus what the driver JVM and its Python workers used meanwhile:
     `driver_peak_rss_bytes`, `python_peak_rss_bytes` (bytes), `cpu_seconds` (user + system s by
     process group) and `events_per_cpu_second` (the figures' `events` over all CPU seconds)."""
-    from keyshift.processing.run_summary import driver_jvm_pid
-    from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
+    from keyshift.runtime.run_summary import driver_jvm_pid
+    from keyshift.runtime.resources import ResourceSampler, events_per_cpu_second
 
     sampler = ResourceSampler(driver_jvm_pid(spark))
     sampler.start()

@@ -480,7 +480,7 @@ def run_switching(
 
     from keyshift.migration.switch import request_switch
     from keyshift.runs import read_run_record
-    from keyshift.processing.kafka_input import send_end_of_input  # what a bounded run writes once drained
+    from keyshift.processing.sources.kafka_input import send_end_of_input  # what a bounded run writes once drained
 
     start, switches = sequence[0], sequence[1:]
     topic = run_id = _fresh_topic(settings, "switching", int(start.partitions))

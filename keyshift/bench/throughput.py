@@ -7,7 +7,7 @@ on: validation and dead letters, late output, per-slot metrics, placement, key-l
 with a one-minute bound as the demo runs it) read the same records, alternating, `runs` times
 each. Every run is a child process of the bench, timed from its start to its exit (JVM start
 included), one at a time, so they never share the 2 cores. keyshift's runs map the driver JVM's
-class archive (`keyshift.processing.class_archive`; when it is missing, one unmeasured keyshift
+class archive (`keyshift.runtime.class_archive`; when it is missing, one unmeasured keyshift
 run writes it first); the plain job's JVM starts as a user's would, without one.
 
 Per run (`rows`): `events_per_second` = events / whole-process seconds; `steady_events_per_second`
@@ -18,7 +18,7 @@ runs none). keyshift's runs also report `windows_equal_reference` (its windows t
 pandas on the same flights, `keyshift.quality.reference`) and `reconciled` (events in = Σ window
 counts + late + dead letters). `cpu_seconds` (user + system seconds of the
 run's driver JVM, Python workers and driver Python process, from the query's start to its end;
-`keyshift.processing.resources`) and `events_per_cpu_second` = events / total CPU seconds, the
+`keyshift.runtime.resources`) and `events_per_cpu_second` = events / total CPU seconds, the
 figure that stays comparable when other processes share the machine. `ratio_whole` and
 `ratio_steady`: keyshift's median over the plain job's median at the first configuration (the
 issue's P = 8 comparison); `ratio_cpu` the same for events per CPU second; `ratio_by_config` for
@@ -169,9 +169,9 @@ def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, fl
 def _write_class_archive(settings: Settings, topic: str, config: Config, work: Path, flights: int, per_trigger: int,
                          timeout_s: float) -> None:
     """Run keyshift's job once, unmeasured, on the topic when its driver JVM's class archive does
-    not exist yet (`keyshift.processing.class_archive`), so that no measured run pays the one-off
+    not exist yet (`keyshift.runtime.class_archive`), so that no measured run pays the one-off
     writing of it (about 20 s at the run's exit) and every measured run maps it."""
-    from keyshift.processing.class_archive import archive_path
+    from keyshift.runtime.class_archive import archive_path
     from keyshift.stack.spark import connector_jars
 
     path = archive_path(settings.cache, connector_jars(settings)) if settings.spark_class_archive else None

@@ -450,7 +450,7 @@ def state_bytes_at(spark: SparkSession, checkpoint: Path, batch_id: int) -> dict
     """
     from pyspark.sql import functions as F
 
-    from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME
+    from keyshift.processing.operators.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME
 
     spark.streams.active  # noqa: B018 - the state store coordinator the reader's tasks ask for
     result: dict[str, int] = {"bytes": 0}
@@ -618,7 +618,7 @@ class _Conductor(threading.Thread):
 
     def run(self) -> None:
         from keyshift.runs import read_run_record
-        from keyshift.processing.kafka_input import send_end_of_input
+        from keyshift.processing.sources.kafka_input import send_end_of_input
 
         try:
             self._wait(lambda: read_run_record(self.settings, self.run_id).get("segment") is not None, "the query to start", 600)
@@ -1030,7 +1030,7 @@ def run_watermark_bench(
     from pyspark.sql import SparkSession
 
     from keyshift import stack
-    from keyshift.processing.kafka_input import ensure_side_output_topics
+    from keyshift.processing.sources.kafka_input import ensure_side_output_topics
 
     config = config or BenchSettings()
     config.check()
@@ -1045,7 +1045,7 @@ def run_watermark_bench(
 
     owned = spark is None and SparkSession.getActiveSession() is None
     if spark is None:
-        from keyshift.processing.session import build_spark_session, spark_conf
+        from keyshift.runtime.session import build_spark_session, spark_conf
         from keyshift.stack.spark import connector_jars
 
         spark = build_spark_session("keyshift-bench-watermark", settings.spark_master, spark_conf(config.partitions, jars=connector_jars(settings)))

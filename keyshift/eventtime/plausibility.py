@@ -5,7 +5,7 @@ that every later event of every key is late; one in 1970 would open a window dec
 stream. Such an event is not data: it goes to the dead-letter output with a reason, is counted
 as a dead letter (so events read = Σ window counts + late + dead letters + pending still holds),
 and never reaches the watermark operator. The check therefore runs before Spark's
-`withWatermark`: in a job, inside the ingest stage (`keyshift.processing.ingest`, with
+`withWatermark`: in a job, inside the ingest stage (`keyshift.processing.operators.ingest`, with
 `implausible_reasons`); `quarantine_implausible` applies the same rule to a DataFrame as a scalar
 pandas UDF over the event-time column alone.
 
@@ -20,13 +20,13 @@ The rule, for an event with event time t (ms) in micro-batch b:
   the delay (`keyshift.eventtime.partition_clocks`, written before the batch and read back on a
   replay, like the offset log), 0 before the partition's first event; so a partition that a
   backfill reads months behind another is judged against itself, never against the fastest
-  (`keyshift.processing.ingest.IngestContext.partition_reference`). Spark's W serves where a
+  (`keyshift.processing.operators.ingest.IngestContext.partition_reference`). Spark's W serves where a
   query runs without partition clocks (`quarantine_implausible`).
-- The chunk: the records the engine's ingest stage (`keyshift.processing.ingest`) is handed at
+- The chunk: the records the engine's ingest stage (`keyshift.processing.operators.ingest`) is handed at
   once, `spark.sql.execution.arrow.maxRecordsPerBatch` Kafka records (default 10,000) of one
   Kafka partition's slice of the batch, in offset order, counted from the slice's start (a
   coalesced ingest task reading several partitions re-cuts Spark's batches so,
-  `keyshift.processing.ingest.kafka_partition_chunks`); the same records on a replay with the
+  `keyshift.processing.operators.ingest.kafka_partition_chunks`); the same records on a replay with the
   same configuration. Its events are the run's valid records in it. The chunk's events are cut, in offset order,
   into blocks of `reference_block_events` (K, default 1,000); a last block of fewer than
   `reference_min_events` (S) events joins the one before it. m = the lower median of the event

@@ -6,7 +6,7 @@ one watermark per query (`global`): max event time seen over every partition min
 backfill Spark reads the Kafka partitions at different speeds, so one partition's events can be
 hours of event time behind another's and a global watermark either makes them late or needs a
 bound of days. Paper 000 §4.1 gives each key its own watermark instead; this module holds the
-rules, `keyshift.processing.processor` applies them per slot and batch.
+rules, `keyshift.processing.operators.processor` applies them per slot and batch.
 
 Modes (`WatermarkPolicy.mode`):
 - `global`: wm = max(Spark's watermark, floor), Spark's watermark = max event time of the query
@@ -67,7 +67,7 @@ DAY_MS = 24 * HOUR_MS
 
 GROUP_PREFIX = "#"
 """An nkey clock's map key is `#<group>`; a real key never starts with it in the flights, and a
-switch replicates such clocks to every slot (`keyshift.processing.state_variables.MapStateVariable.broadcast`)."""
+switch replicates such clocks to every slot (`keyshift.processing.operators.state_variables.MapStateVariable.broadcast`)."""
 
 
 BACKFILL_IDLE_LAG_MS = 8 * DAY_MS

@@ -9,11 +9,11 @@ of a few dozen lines (`keyshift.jobs.flight_delays`).
 
 The window (`JobSpec.window`) is one of `WINDOWS`:
 - `tumbling` (the default): windows [k·p, (k+1)·p) per key, p = `window_ms`; Local Merge and
-  `keyshift.processing.processor.KeyedWindowProcessor`; the windows table.
+  `keyshift.processing.operators.processor.KeyedWindowProcessor`; the windows table.
 - `key_windows`: sliding windows of size p = `window_ms` and slide s = `slide_ms` per key,
   computed with key windows (paper 003, Cheng 2023, §4; `keyshift.eventtime.key_windows`): one
   update per change of a key's result, at most 2n for n events instead of up to p·n/s windows;
-  `keyshift.processing.key_window_processor.KeyWindowProcessor`; the key_windows table. That
+  `keyshift.processing.operators.key_window_processor.KeyWindowProcessor`; the key_windows table. That
   processor computes count, sum and max of ONE long field, so such a spec's aggregates are sum
   and/or max of one long field, and it publishes no derived outputs and no alerts.
 
@@ -31,10 +31,10 @@ Two options serve jobs whose records need more than validation (the Yahoo Stream
   so that events read = Σ window counts + late + dead letters + filtered + pending.
 - `key_lookup` (`KeyLookup`): the key is not in the record but looked up from one of its fields
   in a map kept in Redis (YSB: ad_id -> campaign_id), executor-side in Local Merge
-  (`keyshift.processing.key_lookup`); the Kafka key must equal the looked-up key.
+  (`keyshift.processing.operators.key_lookup`); the Kafka key must equal the looked-up key.
 `carry` limits the fields carried past validation (YSB projects ad_id and the event time), and
 `redis_windows` makes the sink also write each final window to Redis as the published benchmark
-does (`keyshift.processing.redis_windows`).
+does (`keyshift.processing.outputs.redis_windows`).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class KeyLookup:
 
     A record whose value is not in the map is a dead letter `unknown <field>`
     (`missing_reason`); one whose Kafka key differs from the looked-up key is a dead letter
-    `key does not match <key>` (`keyshift.processing.records.key_mismatch`).
+    `key does not match <key>` (`keyshift.processing.operators.records.key_mismatch`).
     """
 
     field: str
@@ -191,7 +191,7 @@ class JobSpec:
             the event time (the payload of late and duplicated events; must include the lookup
             field); None: every field.
         redis_windows: the sink also writes every final window's count and update time to Redis
-            (`keyshift.processing.redis_windows`).
+            (`keyshift.processing.outputs.redis_windows`).
 
     Raises:
         ConfigurationError: a field, aggregate or column the spec names is missing or mistyped;

@@ -9,7 +9,7 @@ the ad -> campaign map in Redis (`keyshift.names.redis_ysb_ad_campaign_key(topic
 executor, reloaded when its version changes; an ad not in it is a dead letter `unknown ad_id`, a
 Kafka key other than the ad's campaign a dead letter `key does not match campaign_id`), count the
 views per campaign and 10-second tumbling window, and write each final window's count and
-update time to Redis as the published jobs do (`keyshift.processing.redis_windows`) besides the
+update time to Redis as the published jobs do (`keyshift.processing.outputs.redis_windows`) besides the
 windows table `campaign_id, window_start, window_end, count, slot, epoch`. No alerts.
 """
 

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.migration.state import read_state, rekey_state, save_migrated, verify_placement
-from keyshift.processing.state_variables import MapStateVariable
+from keyshift.processing.operators.state_variables import MapStateVariable
 from keyshift.migration.switch import SwitchControl, step_index
 from keyshift.placement.tokens import capped_stateful_partitions, slot_tokens, stateful_partition_of_slot
 from keyshift.processing.failpoints import failpoint

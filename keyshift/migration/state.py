@@ -37,7 +37,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from keyshift.errors import JobError
-from keyshift.processing.state_variables import (  # the engine's side: what operators declare and restore
+from keyshift.processing.operators.state_variables import (  # the engine's side: what operators declare and restore
     EXPIRY_COLUMN, GROUPING_COLUMN, STATE_VAR_COLUMN, TIMER_VAR, MapStateVariable, initial_state_schema,
 )
 

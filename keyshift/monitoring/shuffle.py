@@ -27,7 +27,7 @@ Caveats, each handled here:
   stages. The reader first waits (up to `settle_s`) for the driver's listener bus to drain
   (`LiveListenerBus.waitUntilEmpty`, a JVM method public in bytecode though `private[spark]` in
   Scala, reached through py4j; on failure it logs and reads anyway).
-* **The UI must be on** (`spark.ui.enabled`, true by default; `keyshift.processing.session`
+* **The UI must be on** (`spark.ui.enabled`, true by default; `keyshift.runtime.session`
   does not turn it off): without it `uiWebUrl` is None and nothing can be read
   (`ConfigurationError`).
 

@@ -134,7 +134,7 @@ def validate_exchange(exchange: str | None, watermark: str | None = None) -> str
     Raises:
         ConfigurationError: an unknown exchange, or `global_merge` with a per-key watermark mode.
     """
-    from keyshift.processing.exchange import check_exchange
+    from keyshift.processing.operators.exchange import check_exchange
 
     exchange = check_exchange(exchange or "local_merge")
     if exchange == "global_merge" and (watermark or "global") not in ("global", "partition"):
@@ -404,7 +404,7 @@ def spark_submit_args(
             or empty: the job's default (`global`).
         job: the registered job (`--job`, e.g. `ysb`); None or empty: the application's default
             (flight_delays).
-        exchange: the exchange strategy (`keyshift.processing.exchange.EXCHANGES`); None or
+        exchange: the exchange strategy (`keyshift.processing.operators.exchange.EXCHANGES`); None or
             empty: the job's default (`local_merge`).
 
     Returns:
@@ -455,13 +455,13 @@ def connector_jars_option() -> str:
 def driver_java_options(settings: Settings | None = None) -> str:
     """`spark.driver.extraJavaOptions` for a spark-submit launch: map the driver JVM's class
     archive when one exists and `settings.spark_class_archive` (`KEYSHIFT_SPARK_CLASS_ARCHIVE`)
-    is on, else "" (`keyshift.processing.class_archive.spark_submit_java_options`). The DAG
+    is on, else "" (`keyshift.runtime.class_archive.spark_submit_java_options`). The DAG
     renders it at run time (a Jinja macro), never at import.
 
     Args:
         settings: a `keyshift.settings.Settings`; None: `Settings()` from the environment.
     """
-    from keyshift.processing.class_archive import spark_submit_java_options
+    from keyshift.runtime.class_archive import spark_submit_java_options
     from keyshift.stack.spark import connector_jars
 
     settings = settings or Settings()

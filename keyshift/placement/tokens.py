@@ -90,7 +90,7 @@ STATEFUL_PARTITIONS_PER_CORE = 1
 many. Fewer tasks were faster at every S measured on 2 cores (issue 11, all 3,000,000 flights,
 ingest coalesced to S, one run each in alternation): at P = 32 hot_split 38,771 events/s with
 S = 2, 34,702 with S = 4, 30,422 with S = 8; at P = 8 hash 59,510 and 45,014 with S = 2 against
-47,791 and 43,062 with S = 4 (runs before `keyshift.processing.ingest.kafka_partition_chunks`,
+47,791 and 43,062 with S = 4 (runs before `keyshift.processing.operators.ingest.kafka_partition_chunks`,
 with 0.6 % of the events wrongly dead-lettered; the bench of 2026-11-27 in the README has
 44,174 events/s at P = 8 and 34,167 at P = 32 with S = 2). The cost is per task, not per
 event: every task of a batch pays its Python worker round trip and, in the stateful stage, a

@@ -2,7 +2,7 @@
 
 source (Kafka rows: key, value, partition, offset), coalesced to `JobConfig.source_tasks`
 tasks (each reads a range of Kafka partitions)
--> ingest, one mapInArrow (`keyshift.processing.ingest`): keep this run's records, parse and
+-> ingest, one mapInArrow (`keyshift.processing.operators.ingest`): keep this run's records, parse and
    validate (the job spec's record rules), event-time plausibility (implausible events become
    dead letters before the watermark can see them), the key lookup of a `key_lookup` spec,
    dead-letter payloads, then Local Merge: partials per (key, window) with the slot token from
@@ -13,11 +13,11 @@ tasks (each reads a range of Kafka partitions)
 
 A spec with `window="key_windows"` (sliding windows, paper 003) shares the ingest (without Local
 Merge: one row per event) and the watermark, then takes
-`keyshift.processing.key_window_stream.key_window_stream` instead of KeyedWindowProcessor: slot
+`keyshift.processing.operators.key_window_stream.key_window_stream` instead of KeyedWindowProcessor: slot
 token per event -> KeyWindowProcessor.
 
-The result is a streaming DataFrame of `keyshift.processing.processor.output_schema(spec)` rows
-that the sink (`keyshift.processing.sinks.KeyedWindowSink`) splits into windows, alerts, late
+The result is a streaming DataFrame of `keyshift.processing.operators.processor.output_schema(spec)` rows
+that the sink (`keyshift.processing.outputs.sinks.KeyedWindowSink`) splits into windows, alerts, late
 events, dead letters and per-slot loads. Which job runs is `JobConfig.job` (the
 flights by default); its spec says what is computed (`keyshift.jobs`).
 """
@@ -39,13 +39,13 @@ from keyshift.eventtime.windows import HOUR_MS
 from keyshift.names import FLIGHTS_TOPIC
 from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.ingest import (
+from keyshift.processing.operators.ingest import (
     CONTROL_COLUMN, DEFAULT_CHUNK_RECORDS, EVENT_TS_COLUMN, IngestContext, event_times_of_events, event_times_of_partials, events_schema, ingest_function,
     stage_schema,
 )
-from keyshift.processing.exchange import check_exchange, parse_emit
-from keyshift.processing.local_merge import partial_schema, partials_function
-from keyshift.processing.processor import KeyedWindowProcessor, output_schema
+from keyshift.processing.operators.exchange import check_exchange, parse_emit
+from keyshift.processing.operators.local_merge import partial_schema, partials_function
+from keyshift.processing.operators.processor import KeyedWindowProcessor, output_schema
 from keyshift.jobs.spec import JobSpec
 
 RULE_STRATEGIES = ("hash", "modulo")
@@ -126,15 +126,15 @@ class JobConfig:
             default 60.
         max_partition_drift_ms: watermark alignment: no Kafka partition is read more than this
             (ms of event time) ahead of the slowest one with records to read; the input is then
-            read by keyshift's aligned Kafka source (`keyshift.processing.aligned_kafka`) instead
+            read by keyshift's aligned Kafka source (`keyshift.processing.sources.aligned_kafka`) instead
             of Spark's. None (default): Spark's Kafka source, no bound.
         key_idle_timeout_s: `timeout` fallback: seconds of processing time without events after
             which a key closes all its windows.
-        exchange: how events reach a key's windows (`keyshift.processing.exchange.EXCHANGES`):
+        exchange: how events reach a key's windows (`keyshift.processing.operators.exchange.EXCHANGES`):
             `local_merge` (default), `plain` (every event crosses the shuffle) or `global_merge`
-            (no shuffle; windows merged in Redis, `keyshift.processing.global_merge`).
+            (no shuffle; windows merged in Redis, `keyshift.processing.operators.global_merge`).
         emit: Local Merge's emit mode, `batch` (default), `window` or `count:N`
-            (`keyshift.processing.exchange`); ignored by `plain`.
+            (`keyshift.processing.operators.exchange`); ignored by `plain`.
     """
 
     run_id: str
@@ -190,7 +190,7 @@ class JobConfig:
         """Tasks of the ingest stage per micro-batch: S (`stateful_partitions`), each reading
         P/S Kafka partitions one after the other (`DataFrame.coalesce`, no shuffle), so the
         ingest stage pays the per-task cost S times, not P; P for `global_merge`, whose tasks
-        each merge one Kafka partition's slot into Redis (`keyshift.processing.global_merge`).
+        each merge one Kafka partition's slot into Redis (`keyshift.processing.operators.global_merge`).
 
         Raises:
             PlacementError: `max_stateful_partitions` < 1.
@@ -255,7 +255,7 @@ def job_stream(
             `default_checkpoint_dir(config.run_id)`. A batch whose offsets file is not there
             fails the query (JobError) rather than being judged without its watermark.
         initial_state: after a switch, the migrated state grouped by token
-            (`keyshift.processing.state_variables.initial_state_frame`); None: start empty.
+            (`keyshift.processing.operators.state_variables.initial_state_frame`); None: start empty.
         watermark_floor_ms: after a switch, the old query's next watermark (ms of event time):
             lateness, window closing and the plausibility reference never go below it.
         marker_floor: after a switch, partition -> the topic's end offset when the segment was
@@ -269,9 +269,9 @@ def job_stream(
     Returns:
         A streaming DataFrame of processor output rows, append mode: `output_schema(config.spec)`
         for a tumbling spec; for a key-window spec (`config.spec.key_windows`) the rows of
-        `keyshift.processing.key_window_stream.key_window_stream`. With `exchange` =
+        `keyshift.processing.operators.key_window_stream.key_window_stream`. With `exchange` =
         `global_merge`: the ingest stage's rows after the watermark, markers kept, for
-        `keyshift.processing.global_merge.GlobalMergeSink` (no stateful operator).
+        `keyshift.processing.operators.global_merge.GlobalMergeSink` (no stateful operator).
 
     Raises:
         ConfigurationError: a key-window job with split keys or the `timeout` idle fallback; an
@@ -299,7 +299,7 @@ def job_stream(
 
         lookup = (config.redis_url or Settings().redis_url, config.topic)
     if spec.key_windows:
-        from keyshift.processing.key_window_stream import check_key_window_run, key_window_stream
+        from keyshift.processing.operators.key_window_stream import check_key_window_run, key_window_stream
 
         check_key_window_run(spec, config.split, policy)
         rows_of, row_schema = None, events_schema(spec)
@@ -316,7 +316,7 @@ def job_stream(
     staged = source.mapInArrow(
         ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
     )
-    if config.exchange == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.global_merge)
+    if config.exchange == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.operators.global_merge)
         return staged.withWatermark(EVENT_TS_COLUMN, f"{policy.spark_delay_ms} milliseconds")
     rows = (
         # per-key modes: Spark's watermark is the fallback every key's watermark stays above

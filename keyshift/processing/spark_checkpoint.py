@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from keyshift.processing.processor import PENDING_STATE_NAME, unpack_pending
+from keyshift.processing.operators.processor import PENDING_STATE_NAME, unpack_pending
 
 
 log = logging.getLogger(__name__)

@@ -35,16 +35,16 @@ from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.kafka_clients import client_options
 from keyshift.processing.job_query import LEARNED_STRATEGIES, JobConfig, check_job_strategy, job_stream
-from keyshift.processing.processor import state_variables
+from keyshift.processing.operators.processor import state_variables
 from keyshift.processing.failpoints import InjectedFailure, fail_here
-from keyshift.processing.resources import ResourceSampler
-from keyshift.processing.warmup import start_python_workers
-from keyshift.processing.session import build_spark_session, job_spark_conf
-from keyshift.processing.side_outputs import TransactionalSideOutputs
-from keyshift.processing.pieces import PieceAssembler
-from keyshift.processing.clocked_batches import ClockedBatches
-from keyshift.processing.sinks import KeyedWindowSink, stop_at_batch_boundary
-from keyshift.processing.key_window_sink import KeyWindowSink, kept_events
+from keyshift.runtime.resources import ResourceSampler
+from keyshift.runtime.warmup import start_python_workers
+from keyshift.runtime.session import build_spark_session, job_spark_conf
+from keyshift.processing.outputs.side_outputs import TransactionalSideOutputs
+from keyshift.processing.outputs.pieces import PieceAssembler
+from keyshift.processing.outputs.clocked_batches import ClockedBatches
+from keyshift.processing.outputs.sinks import KeyedWindowSink, stop_at_batch_boundary
+from keyshift.processing.outputs.key_window_sink import KeyWindowSink, kept_events
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
 from keyshift.runtime.driver_switch import (
@@ -54,11 +54,11 @@ from keyshift.runtime.driver_switch import (
 from keyshift.processing.job_record import (
     load_job_record, load_segments, marker_floor, save_job_record, segment_config, segment_start
 )
-from keyshift.processing.kafka_input import (
+from keyshift.processing.sources.kafka_input import (
     InputEnd, concrete_offsets, covers, ensure_side_output_topics, input_reached, kafka_offsets, marker_room, read_kafka,
     send_end_of_input, starting_offsets, wait_for_records
 )
-from keyshift.processing.run_summary import (
+from keyshift.runtime.run_summary import (
     TaskTimeRecorder, attempts_summary, build_summary, driver_jvm_pid, publish_progress, shuffle_write_bytes,
     task_time_summary
 )
@@ -253,7 +253,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         (segments, the watch state, the last segment's sink).
     """
     from keyshift.migration import in_driver
-    from keyshift.processing.state_variables import initial_state_frame
+    from keyshift.processing.operators.state_variables import initial_state_frame
     from keyshift.migration.switch import SwitchControl, step_index
     spec = config.spec
     variables = state_variables(spec)  # the job's declared state, for the switch
@@ -309,7 +309,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         batch_function = sink
         if config.exchange == "global_merge":
             from keyshift.placement.tokens import slot_tokens
-            from keyshift.processing.global_merge import GlobalMergeSink
+            from keyshift.processing.operators.global_merge import GlobalMergeSink
 
             state = _global_merge_state(settings, config)
             if not (checkpoint / "offsets").exists():
@@ -383,10 +383,10 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
 
 
 def _global_merge_state(settings: Settings, config: JobConfig):
-    """The run's `keyshift.processing.global_merge.GlobalMergeState`."""
+    """The run's `keyshift.processing.operators.global_merge.GlobalMergeState`."""
     import redis
 
-    from keyshift.processing.global_merge import GlobalMergeState
+    from keyshift.processing.operators.global_merge import GlobalMergeState
 
     return GlobalMergeState(redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=60), config.run_id, config.spec)
 
@@ -552,7 +552,7 @@ class StopSignals:
     pyspark installs a SIGINT handler of its own whenever a SparkContext is made (it cancels every
     running job: the batch in flight fails mid-way), so `install` is called again right after the
     session is built; the driver JVM runs in its own process group, so a terminal's Ctrl-C reaches
-    this process only (`keyshift.processing.session.build_spark_session`). Handlers can only be
+    this process only (`keyshift.runtime.session.build_spark_session`). Handlers can only be
     set from the main thread: elsewhere (a test's thread) `install` does nothing.
 
     Args:

@@ -15,8 +15,8 @@ from typing import Any
 from keyshift.console import STEP
 from keyshift.processing.job_query import JobConfig
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
-from keyshift.processing.sinks import KeyedWindowSink
-from keyshift.processing.kafka_input import covers, input_reached, marker_room
+from keyshift.processing.outputs.sinks import KeyedWindowSink
+from keyshift.processing.sources.kafka_input import covers, input_reached, marker_room
 from keyshift.processing.spark_checkpoint import committed_batches, pending_events, planned_offsets
 
 

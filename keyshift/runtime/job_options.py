@@ -16,7 +16,7 @@ from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, Water
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs import job_names
 from keyshift.names import FLIGHTS_TOPIC
-from keyshift.processing.exchange import EXCHANGES
+from keyshift.processing.operators.exchange import EXCHANGES
 from keyshift.processing.job_query import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
 

@@ -8,7 +8,7 @@ Where each input comes from:
 | --- | --- | --- |
 | `runs/<run_id>/progress.jsonl` | `keyshift.runs.RunRecorder.progress` | one JSON object per micro-batch (a replayed batch appears twice: the last wins) |
 | `runs/<run_id>/batches/<id>.json` | the sink's ledger | per batch `per_slot_events` (the authoritative counts) |
-| `runs/<run_id>/task_seconds.json` | `keyshift.processing.run_summary.TaskTimeRecorder` | `{"source"|"stateful": {batch_id: [seconds per task]}}` (source: per ingest task, = per slot when not coalesced; stateful: per stateful partition) |
+| `runs/<run_id>/task_seconds.json` | `keyshift.runtime.run_summary.TaskTimeRecorder` | `{"source"|"stateful": {batch_id: [seconds per task]}}` (source: per ingest task, = per slot when not coalesced; stateful: per stateful partition) |
 | `runs/<run_id>/job.json` | the driver | `config` and, after a switch, `segments` (strategy, partitions, epoch per segment) |
 | `runs/<run_id>/quality.json`, `pipeline.json` `quality` | `keyshift dq run` / the demo, the pipeline's `data_quality` task | suites with rows, evaluated and failed expectations, `data_docs` |
 | monitor records | `keyshift.monitoring.results.ResultStore.save` | `evaluate.evaluation_record` plus `consumer_lag` |

@@ -30,7 +30,7 @@ import pytest
 from keyshift.eventtime.plausibility import TOO_FAR_AHEAD, TOO_FAR_BEHIND, TOO_FAR_IN_THE_FUTURE
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.processor import DUPLICATE_EVENT_ID
+from keyshift.processing.operators.processor import DUPLICATE_EVENT_ID
 
 pytestmark = pytest.mark.integration
 

@@ -122,7 +122,7 @@ def test_global_merge_state_merges_a_task_once_and_forgets_closed_windows(stack_
     import redis
 
     from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-    from keyshift.processing.global_merge import GlobalMergeState
+    from keyshift.processing.operators.global_merge import GlobalMergeState
 
     client = redis.Redis.from_url(stack_settings.redis_url, decode_responses=True)
     state = GlobalMergeState(client, f"it-gm-{uuid.uuid4().hex[:6]}", FLIGHT_DELAYS)

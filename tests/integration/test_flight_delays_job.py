@@ -25,7 +25,7 @@ from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.placement.strategies import strategy_by_name
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.processor import PENDING_STATE_NAME
+from keyshift.processing.operators.processor import PENDING_STATE_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 from keyshift.names import LATE_TOPIC
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.processor import PENDING_STATE_NAME
+from keyshift.processing.operators.processor import PENDING_STATE_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -61,7 +61,7 @@ def _write_sources(settings, directory) -> int:
     from keyshift.data.flights import flights_path
     from keyshift.data.replay import event_time_ms, iter_flight_batches
     from keyshift.placement.tokens import slot_tokens
-    from keyshift.processing.key_window_processor import END_OF_INPUT_EVENT_TIME_MS
+    from keyshift.processing.operators.key_window_processor import END_OF_INPUT_EVENT_TIME_MS
 
     batches = [batch for _, batch in iter_flight_batches(flights_path(settings), limit=FLIGHTS)]
     table = pa.Table.from_batches(batches)
@@ -99,7 +99,7 @@ def _run_stream(spark, source_dir, checkpoint) -> tuple[pd.DataFrame, list[dict]
     from pyspark.sql import types as T
 
     from keyshift.placement.tokens import slot_tokens
-    from keyshift.processing.key_window_processor import KeyWindowColumns, KeyWindowProcessor
+    from keyshift.processing.operators.key_window_processor import KeyWindowColumns, KeyWindowProcessor
 
     @F.pandas_udf(T.IntegerType())
     def slot_token(origins: pd.Series) -> pd.Series:

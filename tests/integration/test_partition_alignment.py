@@ -2,7 +2,7 @@
 
 The input is the drifted backfill of `test_partition_drift.py` (`keyshift.data.drift`, one flight
 in 10 of all 3,000,000, written by a plain kafka-python producer with Kafka's default partitioner)
-read from `earliest` by keyshift's aligned Kafka source (`keyshift.processing.aligned_kafka`).
+read from `earliest` by keyshift's aligned Kafka source (`keyshift.processing.sources.aligned_kafka`).
 With the bound the run loses nothing (0 late, 0 dead letters, windows equal to pandas), the
 spread between the partitions' clocks stays within the bound while every partition has records,
 a run killed mid-way resumes from the offsets Spark logged for the aligned source to the same

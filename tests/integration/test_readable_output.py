@@ -81,7 +81,7 @@ def test_driver_log_holds_sparks_and_the_workers_lines(demo):
     text = log.read_text(errors="replace")
     assert re.search(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN \w+: ", text, re.MULTILINE), text[:3000]  # Spark's log4j WARN lines
     assert "Python worker" in text  # the transformWithState driver worker's banner, copied by Spark to the JVM's stderr
-    assert "INFO keyshift.processing.sinks: batch 0: processed" in text  # keyshift's own INFO lines
+    assert "INFO keyshift.processing.outputs.sinks: batch 0: processed" in text  # keyshift's own INFO lines
     assert f"run {demo['run_id']}: all {FLIGHTS} events accounted for" in text
 
 

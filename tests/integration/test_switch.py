@@ -75,7 +75,7 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
 def test_slots_over_fewer_stateful_partitions_equal_the_run_with_one_per_slot(stack_settings, oracle, spark, tmp_path):
     from keyshift.placement.strategies import strategy_by_name
     from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
-    from keyshift.processing.processor import PENDING_STATE_NAME
+    from keyshift.processing.operators.processor import PENDING_STATE_NAME
 
     topic = run_id = fresh_topic(stack_settings, "stateful3")
     run_dir = stack_settings.runs_dir / run_id

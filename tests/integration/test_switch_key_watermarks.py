@@ -25,8 +25,8 @@ PER_TRIGGER = 8_000
 def test_switches_carry_key_watermarks_and_lose_no_flight(stack_settings, tmp_path):
     from keyshift.data.flights import flights_path
     from keyshift.eventtime.watermarks import KeyClock
-    from keyshift.processing.state_variables import STATE_VAR_COLUMN
-    from keyshift.processing.processor import PENDING_STATE_NAME
+    from keyshift.processing.operators.state_variables import STATE_VAR_COLUMN
+    from keyshift.processing.operators.processor import PENDING_STATE_NAME
     from keyshift.migration.switch import request_switch
     from keyshift.quality.reference import compare_to_reference, reference_windows
 

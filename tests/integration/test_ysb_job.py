@@ -31,8 +31,8 @@ from ysb_runs import fresh_ysb_topic, remove_ysb_run
 from keyshift.names import YSB_DEAD_LETTER_TOPIC, redis_ysb_ad_campaign_key
 from keyshift.placement.strategies import HashStrategy
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
-from keyshift.processing.processor import PENDING_STATE_NAME
-from keyshift.processing.redis_windows import read_windows
+from keyshift.processing.operators.processor import PENDING_STATE_NAME
+from keyshift.processing.outputs.redis_windows import read_windows
 from keyshift.runs import redis_client
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from flight_runs import KEYSHIFT, batches_done, start, wait_for
 from ysb_runs import fresh_ysb_topic, generate, remove_ysb_run
 
 from keyshift.monitoring.balance import balance_degree
-from keyshift.processing.processor import PENDING_STATE_NAME
-from keyshift.processing.redis_windows import read_windows
+from keyshift.processing.operators.processor import PENDING_STATE_NAME
+from keyshift.processing.outputs.redis_windows import read_windows
 from keyshift.runs import redis_client
 
 pytestmark = pytest.mark.integration

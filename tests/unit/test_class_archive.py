@@ -1,5 +1,5 @@
 """The driver JVM's class archive: its key, the cleanup of orphaned partials, and the rename that
-only a complete archive gets (`keyshift.processing.class_archive`).
+only a complete archive gets (`keyshift.runtime.class_archive`).
 
 `finish_partial_archive` is driven here by a stand-in for the driver JVM: a child Python process
 that, like pyspark's gateway JVM, runs until its stdin closes, then writes the archive file and
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pyspark import SparkContext
 
-from keyshift.processing import class_archive
-from keyshift.processing.class_archive import (
+from keyshift.runtime import class_archive
+from keyshift.runtime.class_archive import (
     _remove_orphaned_partials,
     archive_key,
     archive_path,

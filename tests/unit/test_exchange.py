@@ -1,4 +1,4 @@
-"""Exchange strategies and Local Merge's emit modes (`keyshift.processing.exchange`): segments on
+"""Exchange strategies and Local Merge's emit modes (`keyshift.processing.operators.exchange`): segments on
 hand-made sequences, and partials that, merged, give the same windows whatever the mode."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from keyshift.errors import ConfigurationError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.exchange import Emit, check_exchange, merge_segments, parse_emit
+from keyshift.processing.operators.exchange import Emit, check_exchange, merge_segments, parse_emit
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.local_merge import partials_arrow
+from keyshift.processing.operators.local_merge import partials_arrow
 from tests.unit.test_local_merge_arrow import TOKENS, arrow_input, events, token_of
 
 

@@ -13,9 +13,9 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.local_merge import input_columns, partials_of, row_tokens
-from keyshift.processing.processor import KeyedWindowProcessor
-from keyshift.processing.sinks import merge_split_windows
+from keyshift.processing.operators.local_merge import input_columns, partials_of, row_tokens
+from keyshift.processing.operators.processor import KeyedWindowProcessor
+from keyshift.processing.outputs.sinks import merge_split_windows
 
 
 def partials_of_flights(events, *args, **kwargs):

@@ -1,7 +1,7 @@
-"""The engine's ingest (`keyshift.processing.ingest`) against the Spark definition of the rules.
+"""The engine's ingest (`keyshift.processing.operators.ingest`) against the Spark definition of the rules.
 
 Every record of test_records.py's corpora, for the flights and for YSB, must get from ingest the
-reason, the fields and the dead-letter payload that `keyshift.processing.records.parse_records`
+reason, the fields and the dead-letter payload that `keyshift.processing.operators.records.parse_records`
 (Spark expressions, the reference) gives it; the run's own markers and end offsets filter the
 input; the partials carry the largest event time of their events.
 """
@@ -17,12 +17,12 @@ import pytest
 from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.ysb import YSB
-from keyshift.processing.ingest import (
+from keyshift.processing.operators.ingest import (
     IngestContext, RecordIngest, canonical_pattern, event_times_of_events, events_schema, ingest_function, keep_own_records,
     max_event_times, stage_schema, with_payload,
 )
-from keyshift.processing.local_merge import input_columns, partial_schema, partials_function
-from keyshift.processing.records import canonical_record_pattern, end_of_input_marker, parse_records
+from keyshift.processing.operators.local_merge import input_columns, partial_schema, partials_function
+from keyshift.processing.operators.records import canonical_record_pattern, end_of_input_marker, parse_records
 
 from test_records import CANONICAL, CASES, FAST_PATH_CASES
 
@@ -186,7 +186,7 @@ def _kafka_batches(sizes_by_partition: list[tuple[int, int]], batch_records: int
 
 
 def test_kafka_partition_chunks_keep_a_single_partitions_chunks():
-    from keyshift.processing.ingest import kafka_partition_chunks
+    from keyshift.processing.operators.ingest import kafka_partition_chunks
 
     batches = _kafka_batches([(4, 25_000)], 10_000)
     chunks = list(kafka_partition_chunks(batches, 10_000))
@@ -195,7 +195,7 @@ def test_kafka_partition_chunks_keep_a_single_partitions_chunks():
 
 
 def test_kafka_partition_chunks_cut_a_coalesced_task_as_one_task_per_partition_would():
-    from keyshift.processing.ingest import kafka_partition_chunks
+    from keyshift.processing.operators.ingest import kafka_partition_chunks
 
     slices = [(0, 12_500), (1, 7_000), (2, 20_000), (3, 0), (5, 3)]
     chunks = list(kafka_partition_chunks(_kafka_batches(slices, 10_000), 10_000))

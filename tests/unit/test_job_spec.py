@@ -12,11 +12,11 @@ from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.jobs import job_spec
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.local_merge import input_columns, partial_schema, partials_of
-from keyshift.processing.processor import KeyedWindowProcessor, output_schema
-from keyshift.processing.records import reasons
+from keyshift.processing.operators.local_merge import input_columns, partial_schema, partials_of
+from keyshift.processing.operators.processor import KeyedWindowProcessor, output_schema
+from keyshift.processing.operators.records import reasons
 from keyshift.jobs.spec import window_columns
-from keyshift.processing.sinks import merge_split_windows
+from keyshift.processing.outputs.sinks import merge_split_windows
 from keyshift.jobs.spec import Aggregate, JobSpec, JobTopics, RecordField
 
 MINUTE = 60_000
@@ -106,7 +106,7 @@ def test_alert_records_carry_each_column_as_its_declared_type(tmp_path):
     longs arrive as floats; an alert record must still say `"count": 5`, not `5.0`."""
     import json
 
-    from keyshift.processing.sinks import KeyedWindowSink
+    from keyshift.processing.outputs.sinks import KeyedWindowSink
 
     sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=3, partitions=2)
     row = next(pd.DataFrame([{"origin": "ORD", "window_start_ms": 0.0, "window_end_ms": 3_600_000.0, "count": 5.0, "sum_delay_min": 200.0,

@@ -12,9 +12,9 @@ from keyshift.errors import ConfigurationError
 from keyshift.eventtime.key_windows import KeyWindowState, SlidingWindow, key_window_updates_by_key
 from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.migration.state import rekey_state
-from keyshift.processing.state_variables import initial_state_schema
+from keyshift.processing.operators.state_variables import initial_state_schema
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.key_window_processor import (
+from keyshift.processing.operators.key_window_processor import (
     CLOCK_STATE_NAME,
     END_OF_INPUT_EVENT_TIME_MS,
     KEY_WINDOW_STATE_VARIABLES,

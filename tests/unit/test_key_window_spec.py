@@ -19,9 +19,9 @@ from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.flight_delays_sliding import FLIGHT_DELAYS_SLIDING, MINUTE_MS
 from keyshift.placement.spark_tokens import token_lookup
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.key_window_processor import END_OF_INPUT_EVENT_TIME_MS, KeyWindowProcessor
-from keyshift.processing.key_window_sink import native_window_rows
-from keyshift.processing.key_window_stream import (
+from keyshift.processing.operators.key_window_processor import END_OF_INPUT_EVENT_TIME_MS, KeyWindowProcessor
+from keyshift.processing.outputs.key_window_sink import native_window_rows
+from keyshift.processing.operators.key_window_stream import (
     check_key_window_run, key_window_columns, key_window_input_schema, tokens_of_rows,
 )
 from keyshift.jobs.spec import Aggregate

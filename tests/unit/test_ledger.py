@@ -11,7 +11,7 @@ from keyshift.processing.job_record import load_job_record, save_job_record
 from keyshift.processing.spark_checkpoint import committed_batches
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.ledger import BatchCounts, RunLedger
+from keyshift.processing.outputs.ledger import BatchCounts, RunLedger
 
 
 def _batch(batch_id: int, slots: list[int], windows: int = 0, late: int = 0, dead: dict[str, int] | None = None) -> BatchCounts:
@@ -44,7 +44,7 @@ def test_a_replayed_batch_replaces_its_record_and_is_not_counted_twice(tmp_path)
 
 def test_a_sink_built_on_a_ledger_starts_from_its_totals(tmp_path):
     from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-    from keyshift.processing.sinks import KeyedWindowSink
+    from keyshift.processing.outputs.sinks import KeyedWindowSink
 
     RunLedger(tmp_path).record(_batch(4, [1, 2, 3]))
     sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=0, partitions=3)
@@ -53,7 +53,7 @@ def test_a_sink_built_on_a_ledger_starts_from_its_totals(tmp_path):
 
 def test_the_barrier_refuses_batches_not_admitted_and_waits_for_the_one_admitted(tmp_path):
     from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-    from keyshift.processing.sinks import BatchRefused, KeyedWindowSink
+    from keyshift.processing.outputs.sinks import BatchRefused, KeyedWindowSink
 
     sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=0, partitions=3)
     sink.admit(7)
@@ -149,7 +149,7 @@ def test_a_malformed_failpoint_is_refused(monkeypatch):
 
 
 def test_end_of_input_markers_go_out_once_the_next_batch_can_take_the_rest_and_them():
-    from keyshift.processing.kafka_input import input_reached, marker_room
+    from keyshift.processing.sources.kafka_input import input_reached, marker_room
 
     target = {0: 100, 1: 50}
     room = marker_room(20, 2)  # 20 records per batch, 2 of them markers

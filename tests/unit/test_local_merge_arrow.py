@@ -10,8 +10,8 @@ import pytest
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.exchange import Emit
-from keyshift.processing.local_merge import arrow_partial_schema, input_columns, partials_arrow, partials_of, per_kafka_partition
+from keyshift.processing.operators.exchange import Emit
+from keyshift.processing.operators.local_merge import arrow_partial_schema, input_columns, partials_arrow, partials_of, per_kafka_partition
 
 T0 = 978_307_200_000
 TOKENS = np.array(slot_tokens(8), dtype=np.int32)

@@ -8,11 +8,11 @@ import pytest
 
 from keyshift.errors import JobError
 from keyshift.migration.state import rekey_state
-from keyshift.processing.state_variables import (
+from keyshift.processing.operators.state_variables import (
     EXPIRY_COLUMN, GROUPING_COLUMN, STATE_VAR_COLUMN, TIMER_VAR, MapStateVariable, initial_state_schema, restore_initial_state,
 )
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.processor import (
+from keyshift.processing.operators.processor import (
     CLOCK_STATE_NAME, PENDING_STATE_NAME, PENDING_VALUE_SCHEMA, pack_pending, pending_key_schema, state_variables, unpack_pending,
 )
 
@@ -158,7 +158,7 @@ def test_windows_and_key_clocks_migrate_together_into_a_spark_initial_state(spar
     other's rows, and Spark must still get longs (not floats) for the rows that have them."""
     from keyshift.eventtime.watermarks import KeyClock
     from keyshift.migration.state import save_migrated
-    from keyshift.processing.state_variables import initial_state_frame
+    from keyshift.processing.operators.state_variables import initial_state_frame
 
     key_clock = KeyClock(H + 7, H, 1_700_000_000_000, 60_000)  # key mode: in ORD's pending value
     state = state_frame([(10, "ORD", pending([0], [2], [5], [4], [1, 2], key_clock))])

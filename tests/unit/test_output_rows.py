@@ -1,4 +1,4 @@
-"""The processor's output rows as one frame per handler call (`keyshift.processing.output_rows`):
+"""The processor's output rows as one frame per handler call (`keyshift.processing.operators.output_rows`):
 the combined frame must convert to the same Arrow rows as the pieces converted one by one,
 which is what Spark did before they were combined."""
 
@@ -10,8 +10,8 @@ from pyspark.sql import types as T
 from pyspark.sql.conversion import PandasToArrowConversion
 
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.output_rows import OutputRows, rows_frame
-from keyshift.processing.processor import KeyedWindowProcessor, output_schema
+from keyshift.processing.operators.output_rows import OutputRows, rows_frame
+from keyshift.processing.operators.processor import KeyedWindowProcessor, output_schema
 
 
 def _arrow(frame: pd.DataFrame, schema: T.StructType) -> pa.Table:

@@ -105,7 +105,7 @@ def test_ingest_caps_event_ts_only_outside_global_mode(monkeypatch):
     import pyarrow as pa
 
     from keyshift.eventtime.plausibility import PlausibilityLimits
-    from keyshift.processing.ingest import IngestContext, capped_event_times
+    from keyshift.processing.operators.ingest import IngestContext, capped_event_times
 
     clocks = clocks_at({0: 10 * DAY, 1: 100 * DAY})
     monkeypatch.setattr(IngestContext, "partition_clocks", lambda self: (0, clocks))

@@ -8,8 +8,8 @@ from pyspark.sql.streaming.tws_tester import TwsTester
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.local_merge import input_columns, partials_of
-from keyshift.processing.processor import PENDING_STATE_NAME, KeyedWindowProcessor, merge_partials, pack_pending, unpack_pending
+from keyshift.processing.operators.local_merge import input_columns, partials_of
+from keyshift.processing.operators.processor import PENDING_STATE_NAME, KeyedWindowProcessor, merge_partials, pack_pending, unpack_pending
 
 
 def partials_of_flights(events, *args, **kwargs):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.records import (
+from keyshift.processing.operators.records import (
     MAX_CODE_BYTES, canonical_record_pattern, end_of_input_marker, expected_variant_schema, parse_records, reasons, validate_records,
 )
 

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from keyshift.processing.resources import CpuSeconds, ResourceSampler, events_per_cpu_second
+from keyshift.runtime.resources import CpuSeconds, ResourceSampler, events_per_cpu_second
 
 # A stand-in "JVM": waits for a line on stdin, burns CPU itself, starts a child that burns CPU
 # (a "Python worker"), waits for it, then waits for stdin to close.

@@ -10,8 +10,8 @@ import pytest
 from pyspark.sql.streaming import StatefulProcessor
 
 from keyshift.bench.plain_job import baseline_conf
-from keyshift.processing.session import STATE_STORE_CONF, spark_conf
-from keyshift.processing.warmup import WORKER_MODULES, start_python_workers, warm_python_workers
+from keyshift.runtime.session import STATE_STORE_CONF, spark_conf
+from keyshift.runtime.warmup import WORKER_MODULES, start_python_workers, warm_python_workers
 
 
 def test_job_and_baseline_run_the_same_state_store():
@@ -85,7 +85,7 @@ def test_warm_up_imports_the_job_modules_and_survives_failure(spark, caplog):
         def range(self, *args, **kwargs):
             raise RuntimeError("no session")
 
-    with caplog.at_level("WARNING", logger="keyshift.processing.warmup"):
+    with caplog.at_level("WARNING", logger="keyshift.runtime.warmup"):
         failing = start_python_workers(Broken(), workers=2)
         failing.join(timeout=10)
     assert "starting Python workers ahead of the query failed (no session)" in caplog.text

@@ -7,8 +7,8 @@ import time
 import pytest
 from kafka.errors import KafkaTimeoutError
 
-from keyshift.processing import side_outputs
-from keyshift.processing.side_outputs import TransactionalSideOutputs, bounded_call
+from keyshift.processing.outputs import side_outputs
+from keyshift.processing.outputs.side_outputs import TransactionalSideOutputs, bounded_call
 
 
 def test_bounded_call_returns_raises_or_times_out():

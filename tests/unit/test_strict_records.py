@@ -1,4 +1,4 @@
-"""The pure-Python strict validation (`keyshift.processing.strict_records`) against Spark's
+"""The pure-Python strict validation (`keyshift.processing.operators.strict_records`) against Spark's
 `validate_records(frame, spec, canonical_fast_path=False)`, row by row, for the flights and the
 YSB spec: the oracle corpus of test_records.py, the edge cases of the strict_records module
 docstring, and a seeded corpus of mutated records (real Spark, one DataFrame per spec)."""
@@ -12,8 +12,8 @@ from test_records import CASES, FAST_PATH_CASES
 
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.ysb import YSB
-from keyshift.processing.records import FILTERED, MALFORMED_JSON, NOT_AN_OBJECT, end_of_input_marker, record_columns, validate_records
-from keyshift.processing.strict_records import control_marker, java_utf8_decode, strict_record
+from keyshift.processing.operators.records import FILTERED, MALFORMED_JSON, NOT_AN_OBJECT, end_of_input_marker, record_columns, validate_records
+from keyshift.processing.operators.strict_records import control_marker, java_utf8_decode, strict_record
 
 YSB_ALL = dataclasses.replace(YSB, keep=None)  # the fields Spark parses for YSB's filtered records
 SPECS = {"flights": FLIGHT_DELAYS, "ysb": YSB, "ysb without keep": YSB_ALL}

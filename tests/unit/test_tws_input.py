@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
-from keyshift.processing import tws_input
-from keyshift.processing.tws_input import key_runs, load_stream_by_columns
+from keyshift.processing.operators import tws_input
+from keyshift.processing.operators.tws_input import key_runs, load_stream_by_columns
 
 
 def _stream(batches: list[pa.RecordBatch]) -> io.BytesIO:
@@ -90,7 +90,7 @@ def test_unpickling_a_processor_installs_the_column_wise_input():
     from keyshift.eventtime.watermarks import WatermarkPolicy
     from keyshift.jobs.flight_delays import FLIGHT_DELAYS
     from keyshift.placement.tokens import slot_tokens
-    from keyshift.processing.processor import KeyedWindowProcessor
+    from keyshift.processing.operators.processor import KeyedWindowProcessor
 
     from pyspark import cloudpickle  # what Spark ships a UDF with
 

@@ -13,11 +13,11 @@ from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, watermark_k
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.placement.tokens import slot_tokens
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
-from keyshift.processing.local_merge import input_columns, partials_of
-from keyshift.processing.pieces import PieceAssembler
+from keyshift.processing.operators.local_merge import input_columns, partials_of
+from keyshift.processing.outputs.pieces import PieceAssembler
 from keyshift.jobs.spec import window_columns
-from keyshift.processing.sinks import window_row_columns
-from keyshift.processing.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor, unpack_pending
+from keyshift.processing.outputs.sinks import window_row_columns
+from keyshift.processing.operators.processor import CLOCK_STATE_NAME, PENDING_STATE_NAME, KeyedWindowProcessor, unpack_pending
 
 
 def partials_of_flights(events, *args, **kwargs):

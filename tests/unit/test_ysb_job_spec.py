@@ -16,12 +16,12 @@ from keyshift.errors import ConfigurationError
 from keyshift.jobs import job_spec
 from keyshift.jobs.ysb import YSB
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.key_lookup import KeyMapCache, resolve_keys
-from keyshift.processing.local_merge import input_columns, partials_arrow, partials_of
-from keyshift.processing.processor import KeyedWindowProcessor
-from keyshift.processing.records import FILTERED, parse_records, reasons
+from keyshift.processing.operators.key_lookup import KeyMapCache, resolve_keys
+from keyshift.processing.operators.local_merge import input_columns, partials_arrow, partials_of
+from keyshift.processing.operators.processor import KeyedWindowProcessor
+from keyshift.processing.operators.records import FILTERED, parse_records, reasons
 from keyshift.jobs.spec import window_columns
-from keyshift.processing.sinks import KeyedWindowSink
+from keyshift.processing.outputs.sinks import KeyedWindowSink
 from keyshift.jobs.spec import JobSpec, Keep, KeyLookup, RecordField
 
 T0 = 1_700_000_000_000
@@ -72,7 +72,7 @@ def test_validation_filters_non_views_and_carries_the_claimed_key(spark):
     ]
     frame = spark.createDataFrame(rows, "key BINARY, value BINARY, partition INT, offset LONG")
     for fast in (True, False):
-        from keyshift.processing.records import validate_records, with_dead_letter_payload
+        from keyshift.processing.operators.records import validate_records, with_dead_letter_payload
 
         out = with_dead_letter_payload(validate_records(frame, YSB, canonical_fast_path=fast), YSB).toPandas().sort_values("kafka_offset")
         assert out["dead_letter_reason"].tolist() == [None, FILTERED, FILTERED, "malformed JSON", "wrong type for event_time", None]

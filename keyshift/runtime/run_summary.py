@@ -24,10 +24,10 @@ from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.job_query import JobConfig
-from keyshift.processing.resources import ResourceSampler, events_per_cpu_second
-from keyshift.processing.clocked_batches import partition_clock_summary
-from keyshift.processing.sinks import KeyedWindowSink
-from keyshift.processing.key_window_sink import KeyWindowSink, native_window_rows
+from keyshift.runtime.resources import ResourceSampler, events_per_cpu_second
+from keyshift.processing.outputs.clocked_batches import partition_clock_summary
+from keyshift.processing.outputs.sinks import KeyedWindowSink
+from keyshift.processing.outputs.key_window_sink import KeyWindowSink, native_window_rows
 from keyshift.runs import RunRecorder, attempt_figures, read_jsonl
 
 

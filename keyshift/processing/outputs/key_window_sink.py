@@ -1,14 +1,14 @@
 """Where a key-window job's output goes, batch by batch: the key_windows table and the side outputs.
 
-The `foreachBatch` function of a spec with `window="key_windows"` (`keyshift.processing.key_window_stream`).
+The `foreachBatch` function of a spec with `window="key_windows"` (`keyshift.processing.operators.key_window_stream`).
 Per micro-batch it collects `KeyWindowProcessor`'s rows to the driver once, then, each step safe to
-repeat when Spark replays the batch (as `keyshift.processing.sinks.KeyedWindowSink`, whose
+repeat when Spark replays the batch (as `keyshift.processing.outputs.sinks.KeyedWindowSink`, whose
 ledger, barrier and counters it shares):
 - writes the key window updates to `runs/<run_id>/key_windows/part-<batch>.parquet` (rewritten
   whole): `KEY_WINDOW_TABLE_COLUMNS`; `keyshift.eventtime.key_windows.expand_updates` turns the
   whole table back into Spark's native sliding-window rows (count, sum, max);
 - sends late events and dead letters to the job's topics in one Kafka transaction (no alerts);
-- records the batch's counts in `runs/<run_id>/batches/` (`keyshift.processing.ledger`), with the
+- records the batch's counts in `runs/<run_id>/batches/` (`keyshift.processing.outputs.ledger`), with the
   key-window meaning of its fields: `windows_emitted` = updates, `sum_window_counts` = events
   retired (every window holding them final and emitted), `per_slot_events` = events (late
   included) + dead letters per slot. So, as for tumbling windows: events read = retired + late +
@@ -28,11 +28,11 @@ import pyarrow.parquet as pq
 
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.processing.failpoints import failpoint
-from keyshift.processing.key_window_processor import (
+from keyshift.processing.operators.key_window_processor import (
     KIND_DEAD_LETTER, KIND_KEY_WINDOW, KIND_LATE, KIND_LOAD, KIND_RETIRED, STATE_BYTES_PER_EVENT, STATE_HEADER_BYTES, WINDOW_STATE_NAME,
 )
-from keyshift.processing.ledger import BatchCounts, run_totals
-from keyshift.processing.sinks import KeyedWindowSink
+from keyshift.processing.outputs.ledger import BatchCounts, run_totals
+from keyshift.processing.outputs.sinks import KeyedWindowSink
 from keyshift.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class KeyWindowSink(KeyedWindowSink):
         Others as `KeyedWindowSink` (no `pieces`: split keys are refused for key windows).
 
     Attributes:
-        counters: the run's totals (`keyshift.processing.ledger.RunCounters`, module docstring).
+        counters: the run's totals (`keyshift.processing.outputs.ledger.RunCounters`, module docstring).
     """
 
     TABLE = "key_windows"

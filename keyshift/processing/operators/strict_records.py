@@ -1,8 +1,8 @@
 """Strict record validation in pure Python: the same result as Spark's strict path, record by record.
 
 `strict_record(spec, key, value)` gives the reason and the fields that
-`keyshift.processing.records.validate_records(frame, spec, canonical_fast_path=False)` gives the
-same Kafka row (rules 1-7 of `keyshift.processing.records`, in their order, with `FILTERED` for a
+`keyshift.processing.operators.records.validate_records(frame, spec, canonical_fast_path=False)` gives the
+same Kafka row (rules 1-7 of `keyshift.processing.operators.records`, in their order, with `FILTERED` for a
 spec's `keep`), so validation can run in a Python worker (`mapInArrow`) instead of the JVM.
 `control_marker(spec, value)` gives what that function reads from an end-of-input marker.
 `tests/unit/test_strict_records.py` checks both against Spark row by row (the oracle corpus of
@@ -91,7 +91,7 @@ import sys
 import unicodedata
 from decimal import Decimal
 
-from keyshift.processing.records import (
+from keyshift.processing.operators.records import (
     EMPTY_VALUE,
     END_OF_INPUT_PREFIX,
     FILTERED,
@@ -349,7 +349,7 @@ def strict_record(spec: JobSpec, key: bytes | None, value: bytes | None) -> tupl
 
     Returns:
         `(reason, fields)`. `reason` is the first rule the record breaks, with the strings of
-        `keyshift.processing.records` (`EMPTY_VALUE`, `INVALID_UTF8`, `MALFORMED_JSON`,
+        `keyshift.processing.operators.records` (`EMPTY_VALUE`, `INVALID_UTF8`, `MALFORMED_JSON`,
         `NOT_AN_OBJECT`, `missing F`, `null F`, `wrong type for F`, `empty F`,
         `F over 1024 bytes`, `negative F`, `key_mismatch(spec)`), `FILTERED` for a record that
         passes every rule but is not kept by `spec.keep`, or None for a valid record. `fields`

@@ -8,7 +8,7 @@ place where a key's windows are kept. `JobConfig.exchange` picks one:
 | --- | --- | --- |
 | `local_merge` (default) | Local Merge's partials: per (key, window, slot token) of a task's input, emitted as `emit` says; a partial carries the largest event time it merged | the stateful processor's state (Spark shuffle to `groupBy(token)`) |
 | `plain` | every event, as a partial of one event (Flink's KeyBy, the paper's baseline) | the same |
-| `global_merge` | nothing: no shuffle. Each task merges its partials into one global state in Redis (`keyshift.processing.global_merge`), once per micro-batch | Redis |
+| `global_merge` | nothing: no shuffle. Each task merges its partials into one global state in Redis (`keyshift.processing.operators.global_merge`), once per micro-batch | Redis |
 
 Ahead KeyBy (paper 000 §4.3 (3)) is not an engine setting: it is the topic's placement. With a
 key-affine strategy (`keyshift replay … --strategy hash`), every record of a key is in one Kafka

@@ -1,9 +1,9 @@
 """Global Merge (paper 000 §4.3 (2)): no keyed exchange; every task merges into one state in Redis.
 
-The `global_merge` exchange (`keyshift.processing.exchange`). The query has no shuffle and no
+The `global_merge` exchange (`keyshift.processing.operators.exchange`). The query has no shuffle and no
 stateful operator:
 
-    Kafka -> ingest + Local Merge (`keyshift.processing.ingest`, one mapInArrow per Kafka
+    Kafka -> ingest + Local Merge (`keyshift.processing.operators.ingest`, one mapInArrow per Kafka
     partition) -> Spark's watermark over each partial's largest event time -> foreachBatch:
         1. on the executors, one task per Kafka partition (`merge_function`): dead letters and
            late partials (window end <= the batch's watermark W_b, the rule of the stateful
@@ -47,8 +47,8 @@ import pyarrow.compute as pc
 
 from keyshift.errors import StackError
 from keyshift.names import REDIS_PREFIX
-from keyshift.processing.output_rows import OutputRows, rows_frame
-from keyshift.processing.processor import KIND_LOAD, KeyedWindowProcessor, output_schema
+from keyshift.processing.operators.output_rows import OutputRows, rows_frame
+from keyshift.processing.operators.processor import KIND_LOAD, KeyedWindowProcessor, output_schema
 from keyshift.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ return merged
 
 SEPARATOR = "\x1f"
 """Between key and window start in a window's member name (a key never holds it: keys are
-printable; `keyshift.processing.records`)."""
+printable; `keyshift.processing.operators.records`)."""
 
 
 class GlobalMergeState:
@@ -255,7 +255,7 @@ def merge_function(spec: JobSpec, redis_url: str, run_id: str, batch_id: int, wa
             force (`tokens[slot]`), to name each partial's slot.
 
     Returns:
-        A `mapInArrow` function: Arrow batches of stage rows (`keyshift.processing.ingest.
+        A `mapInArrow` function: Arrow batches of stage rows (`keyshift.processing.operators.ingest.
         stage_schema` of Local Merge's partials, markers included) -> Arrow batches of
         `output_schema(spec)`: dead letters, late events, and one `load` row per task whose
         `count` is the events it processed and whose `event_time_ms` is the largest event time
@@ -269,7 +269,7 @@ def merge_function(spec: JobSpec, redis_url: str, run_id: str, batch_id: int, wa
     def merge(chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import redis
 
-        from keyshift.processing.ingest import CONTROL_COLUMN, EVENT_TS_COLUMN
+        from keyshift.processing.operators.ingest import CONTROL_COLUMN, EVENT_TS_COLUMN
 
         batches = [chunk for chunk in chunks if chunk.num_rows]
         if not batches:
@@ -343,7 +343,7 @@ def is_load(rows: pd.DataFrame) -> np.ndarray:
 class GlobalMergeSink:
     """The `foreachBatch` of a `global_merge` run (module docstring, steps 1 and 2).
 
-    Wraps the engine's sink (`keyshift.processing.sinks.KeyedWindowSink`, which it exposes as
+    Wraps the engine's sink (`keyshift.processing.outputs.sinks.KeyedWindowSink`, which it exposes as
     `sink`): per batch it deletes the windows earlier batches closed, runs `merge_function` on
     the executors, collects the output rows, closes the windows W_{b+1} passes and routes all of
     it through `sink.route_rows`.
@@ -374,7 +374,7 @@ class GlobalMergeSink:
             StackError: Redis failed (the batch is not committed; Spark retries it on restart).
         """
         from keyshift.eventtime.plausibility import read_batch_reference
-        from keyshift.processing.processor import output_schema as schema_of
+        from keyshift.processing.operators.processor import output_schema as schema_of
 
         sink = self.sink
         sink.admit(query_batch_id)

@@ -10,13 +10,13 @@ per-slot loads: small next to the input) to the driver once, then
   `WINDOW_COLUMNS` and UTC timestamps;
 - sends alerts to `flight-delay-alerts`, late events to `flights-late` and dead letters with their
   reason to `flights-dead-letter` (JSON values) in one Kafka transaction per batch, exactly once
-  for `read_committed` consumers (`keyshift.processing.side_outputs`);
-- records the batch's counts in `runs/<run_id>/batches/` (`keyshift.processing.ledger`), so the
+  for `read_committed` consumers (`keyshift.processing.outputs.side_outputs`);
+- records the batch's counts in `runs/<run_id>/batches/` (`keyshift.processing.outputs.ledger`), so the
   run's totals survive a crash of the driver and a replayed batch is never counted twice;
 - for a spec with `redis_windows` (YSB), also writes each final window's count and update time
-  to Redis (`keyshift.processing.redis_windows`), right after the windows file.
+  to Redis (`keyshift.processing.outputs.redis_windows`), right after the windows file.
 
-Rows in the dead-letter lane with reason `filtered` (`keyshift.processing.records.FILTERED`)
+Rows in the dead-letter lane with reason `filtered` (`keyshift.processing.operators.records.FILTERED`)
 stand for `count` records a spec's `keep` rule left out: they are counted as `filtered_events`,
 never sent or counted as dead letters.
 
@@ -44,10 +44,10 @@ from pyspark.sql import DataFrame
 
 from keyshift.errors import JobError
 from keyshift.processing.failpoints import failpoint, hold, hold_here
-from keyshift.processing.ledger import BatchCounts, RunLedger, run_totals
-from keyshift.processing.pieces import PieceAssembler, merge_window_rows
-from keyshift.processing.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
-from keyshift.processing.records import FILTERED
+from keyshift.processing.outputs.ledger import BatchCounts, RunLedger, run_totals
+from keyshift.processing.outputs.pieces import PieceAssembler, merge_window_rows
+from keyshift.processing.operators.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
+from keyshift.processing.operators.records import FILTERED
 from keyshift.jobs.spec import JobSpec, window_table_schema
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 def window_row_columns(spec: JobSpec) -> tuple[str, ...]:
-    """The columns of the processor's output (`keyshift.processing.processor.output_schema`) that a
+    """The columns of the processor's output (`keyshift.processing.operators.processor.output_schema`) that a
     `window` row uses: slot, the key, window_start_ms, window_end_ms, count, the aggregates and the
     outputs. The sink keeps only these for windows: the other kinds' columns are all NULL in window
     rows, and pandas' `concat` of frames with all-NULL columns checks them value by value (290 ms
@@ -68,7 +68,7 @@ def merge_split_windows(windows: pd.DataFrame, spec: JobSpec) -> tuple[pd.DataFr
     """Merge the pieces of split keys' windows: one row per (key, window_start_ms).
 
     Args:
-        windows: `window` rows of one micro-batch (`keyshift.processing.processor.output_schema`
+        windows: `window` rows of one micro-batch (`keyshift.processing.operators.processor.output_schema`
             columns); a window of a key split over k slots appears up to k times, one per slot.
         spec: the job.
 
@@ -128,8 +128,8 @@ class KeyedWindowSink:
 
     Per micro-batch, in this order, each step safe to repeat when Spark replays the batch after
     a crash: the windows file (rewritten whole), the side outputs (one Kafka transaction that
-    skips a batch already committed, `keyshift.processing.side_outputs`), the batch's counts
-    (`keyshift.processing.ledger`, rewritten). Spark commits the batch after this returns.
+    skips a batch already committed, `keyshift.processing.outputs.side_outputs`), the batch's counts
+    (`keyshift.processing.outputs.ledger`, rewritten). Spark commits the batch after this returns.
 
     Args:
         spec: the job (key, windows table, alert rule, topics).
@@ -174,7 +174,7 @@ class KeyedWindowSink:
         if spec.redis_windows and redis_windows is None:
             import redis
 
-            from keyshift.processing.redis_windows import RedisWindowWriter
+            from keyshift.processing.outputs.redis_windows import RedisWindowWriter
             from keyshift.settings import Settings
 
             redis_windows = RedisWindowWriter(redis.Redis.from_url(Settings().redis_url, socket_timeout=30), run_id, spec.key)

@@ -20,7 +20,7 @@ from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC
 from keyshift.kafka_clients import client_options, spark_options
-from keyshift.processing.records import end_of_input_marker
+from keyshift.processing.operators.records import end_of_input_marker
 from keyshift.settings import Settings
 
 
@@ -244,7 +244,7 @@ def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[
 
     Spark's Kafka source with `kafka.max.poll.records` 20,000 and `kafka.fetch.max.wait.ms`
     `FETCH_MAX_WAIT_MS`; with `max_partition_drift_ms` keyshift's aligned Kafka source
-    (`keyshift.processing.aligned_kafka`, the same rows and offsets), which pauses partitions that
+    (`keyshift.processing.sources.aligned_kafka`, the same rows and offsets), which pauses partitions that
     run more than that ahead in event time (read from the records' `event_time_field`, ms).
 
     Raises:
@@ -252,7 +252,7 @@ def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[
     """
     if max_partition_drift_ms is not None:
         from keyshift.kafka_clients import client_options
-        from keyshift.processing.aligned_kafka import FORMAT, AlignedKafkaSource
+        from keyshift.processing.sources.aligned_kafka import FORMAT, AlignedKafkaSource
 
         if isinstance(start, str):
             raise JobError(f"the aligned Kafka source starts at concrete offsets, not {start!r} (see concrete_offsets)")

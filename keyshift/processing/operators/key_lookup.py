@@ -14,7 +14,7 @@ same here, inside Local Merge's `mapInArrow` function, before the partials are c
 - `resolve_keys` then sets each valid record's key to the looked-up one, or makes it a dead
   letter: `unknown <field>` when the value is not in the map, `key does not match <key>` when
   the Kafka key (the key the producer claims, carried in the key column by
-  `keyshift.processing.records.validate_records`) differs from it.
+  `keyshift.processing.operators.records.validate_records`) differs from it.
 
 Redis is read only; a map that changes mid-run takes effect from the next Local Merge call.
 """
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyshift.errors import StackError
-from keyshift.processing.records import key_mismatch
+from keyshift.processing.operators.records import key_mismatch
 from keyshift.jobs.spec import JobSpec, KeyLookup
 
 
@@ -34,7 +34,7 @@ def resolve_keys(events: pa.Table, spec: JobSpec, values: pa.Array, keys: pa.Arr
     """Look up the key of every valid record of `events`.
 
     Args:
-        events: a table of `keyshift.processing.local_merge.input_columns(spec)` (one Local
+        events: a table of `keyshift.processing.operators.local_merge.input_columns(spec)` (one Local
             Merge call's rows); the key column holds the Kafka key as text, `dead_letter_reason`
             is NULL for a valid record.
         spec: a job with `key_lookup`.

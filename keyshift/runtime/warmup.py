@@ -3,7 +3,7 @@
 A keyed job runs Python in two kinds of Spark tasks: the ingest stage (`mapInArrow`) and the
 stateful stage (`transformWithStateInPandas`). Spark keeps idle Python worker processes and
 reuses them from task to task (`spark.python.worker.reuse`, on by default); keyshift's session
-makes both kinds share one pool (`keyshift.processing.session.spark_conf`). Still, the first
+makes both kinds share one pool (`keyshift.runtime.session.spark_conf`). Still, the first
 task on each core starts a worker and imports pandas, pyarrow and keyshift's modules into it:
 measured on the 2-core machine, 3.6 s (boot 1.2 s, init 2.4 s) for each of batch 0's first two
 ingest tasks.
@@ -31,9 +31,9 @@ from pyspark.sql import SparkSession
 log = logging.getLogger(__name__)
 
 WORKER_MODULES = (
-    "keyshift.processing.ingest",
-    "keyshift.processing.processor",
-    "keyshift.processing.key_window_processor",
+    "keyshift.processing.operators.ingest",
+    "keyshift.processing.operators.processor",
+    "keyshift.processing.operators.key_window_processor",
 )
 """Modules the job's Python tasks import: the ingest functions (`mapInArrow`) and the stateful
 processors (`transformWithStateInPandas`), which run in the same pool of workers."""

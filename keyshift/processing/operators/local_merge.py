@@ -17,7 +17,7 @@ A spec with `keep`: the records its rule left out (reason `FILTERED`) become one
 partition of the chunk, `count` = how many, in the dead-letter lane (reason `filtered`, first
 offset), so the processor counts them as processed and the sink as filtered, without one row per
 record crossing the shuffle. A spec with `key_lookup`: the key has been looked up before
-(`keyshift.processing.ingest`, with `keyshift.processing.key_lookup`).
+(`keyshift.processing.operators.ingest`, with `keyshift.processing.operators.key_lookup`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pyspark.sql import types as T
 from keyshift.eventtime.windows import window_starts_ms
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.placement.strategies import place_events
-from keyshift.processing.exchange import Emit, merge_segments
-from keyshift.processing.records import FILTERED, parsed_columns
+from keyshift.processing.operators.exchange import Emit, merge_segments
+from keyshift.processing.operators.records import FILTERED, parsed_columns
 from keyshift.jobs.spec import JobSpec
 
 EMIT_BATCH = Emit("batch")
@@ -50,7 +50,7 @@ def partial_schema(spec: JobSpec) -> T.StructType:
     """Rows sent to the stateful processor: a partial (count events of a key in a window, with
     each aggregate of the spec) or, when `dead_letter_reason` is set, one dead letter (count 1,
     `kafka_offsets` and the raw payload `raw_value`, `raw_encoding`, `raw_key_base64` of
-    `keyshift.processing.records` set)."""
+    `keyshift.processing.operators.records` set)."""
     return T.StructType(
         [
             T.StructField("token", T.IntegerType(), False),
@@ -72,7 +72,7 @@ def partial_schema(spec: JobSpec) -> T.StructType:
 
 
 def input_columns(spec: JobSpec) -> tuple[str, ...]:
-    """Columns `partials_of` reads (`keyshift.processing.records.parsed_columns` without the
+    """Columns `partials_of` reads (`keyshift.processing.operators.records.parsed_columns` without the
     control columns)."""
     return tuple(c for c in parsed_columns(spec) if c not in ("is_control", "control_run_id"))
 
@@ -135,7 +135,7 @@ def per_kafka_partition(segments: np.ndarray | None, kafka_partitions: np.ndarra
 def partial_groups(key_codes: np.ndarray, starts: np.ndarray, event_tokens: np.ndarray,
                    segments: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """How events fall into partials: one partial per (key, window start, token), and per merge
-    segment when `segments` is given (`keyshift.processing.exchange.merge_segments`).
+    segment when `segments` is given (`keyshift.processing.operators.exchange.merge_segments`).
 
     Args:
         key_codes, starts, event_tokens: one int array each, one element per event (key index,
@@ -266,7 +266,7 @@ def partials_function(
     emit: Emit | None = EMIT_BATCH,
     stateful_partitions: int | None = None,
 ):
-    """Local Merge as the engine's ingest stage runs it (`keyshift.processing.ingest`): a
+    """Local Merge as the engine's ingest stage runs it (`keyshift.processing.operators.ingest`): a
     function from one Spark partition's ingested events (a table of `input_columns(spec)`) to
     its partials (`partials_arrow`, a table of `arrow_partial_schema(spec)`).
 
@@ -281,7 +281,7 @@ def partials_function(
     assignment instead of a rule the executor computes itself; the lookup is built on the
     worker, at the first call. With `split` (hot_split: key -> its slots, two or more), a split
     key's events are spread over its slots by `row_tokens`; the sink merges the key's windows
-    from those slots before writing them. `emit` is the emit mode (`keyshift.processing.exchange`;
+    from those slots before writing them. `emit` is the emit mode (`keyshift.processing.operators.exchange`;
     default `batch`, the whole slice at once); None is the `plain` exchange: one partial per event.
     `stateful_partitions` is S, the query's stateful partitions the slot tokens steer to
     (`keyshift.placement.tokens.slot_tokens`; None: S = P).
@@ -353,7 +353,7 @@ def partials_arrow(
         events: a table of `input_columns(spec)` (one Spark partition's slice).
         spec, token_of, tokens, window_ms, split_tokens: as `partials_of`.
         schema: `arrow_partial_schema(spec)` (computed when None).
-        emit: the emit mode (`keyshift.processing.exchange.Emit`, default `batch`); None: one
+        emit: the emit mode (`keyshift.processing.operators.exchange.Emit`, default `batch`); None: one
             partial per event (the `plain` exchange). Only `batch` matches `partials_of`.
 
     Returns:

@@ -54,7 +54,7 @@ event-time timer at its earliest wake-up (the next pending update point + p of a
 clock's own watermark, when a clock could be freed); Spark fires it once W passes it, and the
 pass advances every key of the slot to its watermark. **End of input**: a marker row (NULL key)
 with a far-future event time (e.g. 9999-12-31, `END_OF_INPUT_EVENT_TIME_MS`, as
-`keyshift.processing.kafka_input.send_end_of_input` writes) passes the query's `withWatermark`, is
+`keyshift.processing.sources.kafka_input.send_end_of_input` writes) passes the query's `withWatermark`, is
 skipped here, and pushes W past every window; in the next (no-data) batch the timers fire and
 every key is flushed (all updates final, as `key_windows.FLUSH_MS` would, all state and clocks
 freed). One marker anywhere suffices; one per token is harmless.
@@ -98,8 +98,8 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from keyshift.errors import ConfigurationError, DataError
 from keyshift.eventtime.key_windows import STATE_BYTES_PER_EVENT, STATE_HEADER_BYTES, KeyWindowState, SlidingWindow, advance_keys
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, is_group_clock, watermark_key
-from keyshift.processing.state_variables import MapStateVariable, restore_initial_state
-from keyshift.processing.output_rows import OutputRows, one_frame
+from keyshift.processing.operators.state_variables import MapStateVariable, restore_initial_state
+from keyshift.processing.operators.output_rows import OutputRows, one_frame
 
 KIND_KEY_WINDOW = "key_window"
 KIND_LATE = "late"
@@ -109,11 +109,11 @@ KIND_DEAD_LETTER = "dead_letter"
 
 DEAD_LETTER_COLUMNS = ("dead_letter_reason", "raw_value", "raw_encoding", "raw_key_base64")
 """Input and output columns (strings) of a dead letter, with `KeyWindowColumns(dead_letters=True)`
-(as `keyshift.processing.records.with_dead_letter_payload` makes them)."""
+(as `keyshift.processing.operators.records.with_dead_letter_payload` makes them)."""
 
 END_OF_INPUT_EVENT_TIME_MS = 253_402_300_799_000
 """9999-12-31T23:59:59Z: the event time of an end-of-input marker (the same as the Kafka jobs'
-`keyshift.processing.kafka_input.END_OF_INPUT_EVENT_TIME_MS`): past every real event."""
+`keyshift.processing.sources.kafka_input.END_OF_INPUT_EVENT_TIME_MS`): past every real event."""
 
 WINDOW_STATE_NAME = "key_window_state"
 WINDOW_KEY_SCHEMA = T.StructType([T.StructField("key", T.StringType(), False)])
@@ -284,8 +284,8 @@ class KeyWindowProcessor(StatefulProcessor):
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled on a Python worker (before it reads any input): put transformWithStateInPandas'
-        column-wise input in place (`keyshift.processing.tws_input.install`), then restore."""
-        from keyshift.processing.tws_input import install
+        column-wise input in place (`keyshift.processing.operators.tws_input.install`), then restore."""
+        from keyshift.processing.operators.tws_input import install
 
         install()
         self.__dict__.update(state)

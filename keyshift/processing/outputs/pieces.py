@@ -2,7 +2,7 @@
 
 hot_split spreads a hot key over k slots (pieces); each piece keeps its own window state. In the
 `global` watermark mode every piece closes a window in the same micro-batch (one watermark for
-all), and `keyshift.processing.sinks.merge_split_windows` folds them there. In a per-key mode
+all), and `keyshift.processing.outputs.sinks.merge_split_windows` folds them there. In a per-key mode
 each piece has its own watermark (paper 000 §4.1 at the finest grain: a piece is a key on its
 slot), so the pieces of one window close in different batches. `PieceAssembler` keeps the
 pieces that arrived, and the watermark each piece reported (`watermark` rows of the processor),

@@ -7,7 +7,7 @@ frame's length (pandas' per-column overhead: `iloc`, a new Series, `isnull`). A 
 used to yield three to five frames per batch (load, late events, watermarks, closed windows,
 dead letters), so the cost grew with the number of slots: at P = 32 the conversions took about
 7 s of Python-worker time per 3,000,000 flights against 2 s at P = 8 (py-spy, issue 11).
-The processors (`keyshift.processing.processor`, `keyshift.processing.key_window_processor`) now
+The processors (`keyshift.processing.operators.processor`, `keyshift.processing.operators.key_window_processor`) now
 build `OutputRows` (plain columns) and yield them as one frame per handler call (`one_frame`).
 
 Columns one kind leaves NULL stay typed in the combined frame: an integer, float or boolean

@@ -6,7 +6,7 @@ aggregates, the output rule. The flights' names (origin, delays) below are one e
 It runs inside `groupBy("token").transformWithStateInPandas(...)`: Spark calls it once per slot
 token per micro-batch with all of that slot's rows (DESIGN.md: group by slot token, aggregate the
 batch vectorized, touch state per key per batch, never per event). Its input is partial
-aggregates per (origin, window) made before the shuffle (`keyshift.processing.local_merge`).
+aggregates per (origin, window) made before the shuffle (`keyshift.processing.operators.local_merge`).
 Per key (origin) it keeps the pending, not yet final windows in a MapState keyed by the origin,
 with the ids of their events; per slot and batch one `keys()` listing of each map (so a key without
 state costs no read: Spark's state server logs a warning for every read of a missing key), then
@@ -28,7 +28,7 @@ late (its window is closed) and goes to the late output like any late event, so 
 counts an event twice. Cost in state: 8 bytes per event in an open window (a 2-day bound over
 flights-3m keeps about 33,000 ids, 264 KB, over all keys), read and written with the key's
 windows, no extra state call. The key is the origin and the Kafka key must equal it
-(`keyshift.processing.records`), so every copy of an event reaches the same key and slot (for
+(`keyshift.processing.operators.records`), so every copy of an event reaches the same key and slot (for
 a key split by hot_split, the piece is a function of the event id, so copies meet there too).
 
 Output rows are tagged by `kind`:
@@ -74,9 +74,9 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, merge_clocks, watermark_key
-from keyshift.processing.state_variables import MapStateVariable, restore_initial_state
-from keyshift.processing.local_merge import list_column
-from keyshift.processing.output_rows import OutputRows, one_frame
+from keyshift.processing.operators.state_variables import MapStateVariable, restore_initial_state
+from keyshift.processing.operators.local_merge import list_column
+from keyshift.processing.operators.output_rows import OutputRows, one_frame
 from keyshift.jobs.spec import SPARK_TYPES, JobSpec
 
 KIND_WINDOW = "window"
@@ -303,8 +303,8 @@ class KeyedWindowProcessor(StatefulProcessor):
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled on a Python worker (before it reads any input): put transformWithStateInPandas'
-        column-wise input in place (`keyshift.processing.tws_input.install`), then restore."""
-        from keyshift.processing.tws_input import install
+        column-wise input in place (`keyshift.processing.operators.tws_input.install`), then restore."""
+        from keyshift.processing.operators.tws_input import install
 
         install()
         self.__dict__.update(state)
@@ -372,7 +372,7 @@ class KeyedWindowProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         """Fold one slot's partials into its keys' pending windows; emit late, dead, load rows.
 
-        `rows` are `keyshift.processing.local_merge.partial_schema(spec)` chunks: partial
+        `rows` are `keyshift.processing.operators.local_merge.partial_schema(spec)` chunks: partial
         aggregates per (key, window) and single dead letters. A partial whose window the
         watermark has closed goes out as late events; duplicated event ids go out as dead
         letters (see the module docstring); the rest is merged into the MapState, one read and

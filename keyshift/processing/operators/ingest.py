@@ -9,14 +9,14 @@ the partition's slice, as Spark cuts a task of one Kafka partition (`kafka_parti
 For each chunk it:
 
 1. keeps the run's own records (`keep_own_records`): its events below the run's end offsets and
-   its own end-of-input markers (`keyshift.processing.records.END_OF_INPUT_PREFIX`); other runs'
+   its own end-of-input markers (`keyshift.processing.operators.records.END_OF_INPUT_PREFIX`); other runs'
    markers and records past the end (a later replay into the same topic) are dropped uncounted;
-2. validates every record by the rules of `keyshift.processing.records` (module docstring, rules
+2. validates every record by the rules of `keyshift.processing.operators.records` (module docstring, rules
    1 to 7, same reasons in the same order): a record in the spec's canonical shape (the fields in
    the spec's order, each once, integers of at most 18 digits, strings without escapes: what
    keyshift's producers write) is recognized by one RE2 regular expression (`canonical_pattern`,
    pyarrow's `match_substring_regex`), its values are taken from fixed pieces of it split at its
-   double quotes (`canonical_fields`), and it is judged by the value rules 6 and 7 vectorized; every other record takes the strict path, `keyshift.processing.strict_records`;
+   double quotes (`canonical_fields`), and it is judged by the value rules 6 and 7 vectorized; every other record takes the strict path, `keyshift.processing.operators.strict_records`;
 3. applies the spec's `keep` rule (`FILTERED`);
 4. judges event-time plausibility (`keyshift.eventtime.plausibility.implausible_reasons`) over
    the chunk's valid events, against the chunk's own Kafka partition's clock and the batch's
@@ -25,9 +25,9 @@ For each chunk it:
    driver (`keyshift.eventtime.partition_clocks`).
 
 After the last chunk of a Spark partition, a spec with `key_lookup` looks its keys up
-(`keyshift.processing.key_lookup`); every dead letter gets its payload (`raw_value` as text when
+(`keyshift.processing.operators.key_lookup`); every dead letter gets its payload (`raw_value` as text when
 the bytes are UTF-8, else base64; `raw_encoding`; `raw_key_base64`); then, for a tumbling spec,
-Local Merge cuts the partials (`keyshift.processing.local_merge.partials_arrow`), or, for a
+Local Merge cuts the partials (`keyshift.processing.operators.local_merge.partials_arrow`), or, for a
 key-window spec, the events pass one row each. Either way each row carries `event_ts`, the
 largest event time it holds (paper 000 §4.3: a merged record carries the largest event time of
 what it merged; NULL for a dead letter or a filtered row), and the run's own markers pass as
@@ -42,7 +42,7 @@ This replaces a chain of Spark expressions (`from_json`, the variant parse, a CA
 a regular expression), a pandas UDF for plausibility and a second `mapInArrow` for Local Merge:
 the records cross from the JVM into Python once, as raw bytes, and the JVM does not parse JSON
 at all (issue 11's profile: those expressions took about half the job's JVM CPU time).
-`keyshift.processing.records.validate_records` stays the reference definition of the rules in
+`keyshift.processing.operators.records.validate_records` stays the reference definition of the rules in
 Spark expressions; `tests/unit/test_ingest.py` checks this module against it record by record.
 
 One difference with the Spark chain: a record that the key lookup rejects (`unknown ad_id`, a key
@@ -63,11 +63,11 @@ from pyspark.sql import types as T
 
 from keyshift.eventtime.partition_clocks import PartitionClocks, PartitionClockStore, SliceReport, cap_event_times, clocks_for_task
 from keyshift.eventtime.plausibility import BatchReference, PlausibilityLimits, _batch_reference, implausible_reasons
-from keyshift.processing.records import (
+from keyshift.processing.operators.records import (
     END_OF_INPUT_PREFIX, FILTERED, MAX_CODE_BYTES, key_mismatch, record_columns,
 )
 from keyshift.jobs.spec import JobSpec
-from keyshift.processing.strict_records import control_marker, java_utf8_decode, strict_record
+from keyshift.processing.operators.strict_records import control_marker, java_utf8_decode, strict_record
 
 EVENT_TS_COLUMN = "event_ts"
 """The column Spark's watermark is taken over: the largest event time a row holds (timestamp)."""
@@ -89,10 +89,10 @@ def canonical_pattern(spec: JobSpec) -> str:
     spec's canonical shape: one JSON object with exactly the spec's fields in the spec's order,
     each once, a long as an integer of at most 18 digits, a string without escape sequences or
     control characters, JSON whitespace where RFC 8259 allows it, nothing after the object but
-    whitespace. The same shape as `keyshift.processing.records.canonical_record_pattern` (the
+    whitespace. The same shape as `keyshift.processing.operators.records.canonical_record_pattern` (the
     Java one).
 
-    Every record it matches passes rules 1 to 5 of `keyshift.processing.records`, and its field
+    Every record it matches passes rules 1 to 5 of `keyshift.processing.operators.records`, and its field
     values are where `canonical_fields` finds them (a string field's text is its value as it
     is, an integer fits a signed 64-bit long), so only the value rules 6 and 7 remain.
     """
@@ -158,7 +158,7 @@ def _re2_escape(text: str) -> str:
 
 def ingest_columns(spec: JobSpec) -> tuple[str, ...]:
     """Columns of a chunk after ingest (`ingest_chunk`), in order: the record's columns
-    (`keyshift.processing.records.record_columns`, NULL for a rejected record),
+    (`keyshift.processing.operators.records.record_columns`, NULL for a rejected record),
     `dead_letter_reason`, `kafka_partition`, `kafka_offset` and the raw `raw_value_bytes`,
     `raw_key_bytes` that a dead letter's payload is made of."""
     return (*record_columns(spec), "dead_letter_reason", "kafka_partition", "kafka_offset", *_RAW_COLUMNS)
@@ -474,7 +474,7 @@ class RecordIngest:
 
     def _strict(self, columns: dict[str, pa.Array], keys: pa.Array, values: pa.Array,
                 canonical: np.ndarray, reasons: np.ndarray) -> dict[str, pa.Array]:
-        """The records that are not canonical, by `keyshift.processing.strict_records`: their
+        """The records that are not canonical, by `keyshift.processing.operators.strict_records`: their
         reasons into `reasons` and their fields into the columns (returned)."""
         spec = self.spec
         rows = np.flatnonzero(~canonical)
@@ -536,7 +536,7 @@ def with_payload(events: pa.Table) -> pa.Table:
         as text when it is UTF-8, else its base64; NULL for a tombstone), `raw_encoding`
         (`utf-8`, `base64` or NULL) and `raw_key_base64` (NULL without a key) set for every
         rejected row but the filtered ones, NULL elsewhere; i.e.
-        `keyshift.processing.local_merge.input_columns(spec)`.
+        `keyshift.processing.operators.local_merge.input_columns(spec)`.
     """
     reasons = events.column("dead_letter_reason").combine_chunks()
     payload = pc.fill_null(pc.not_equal(reasons, FILTERED), False)
@@ -593,8 +593,8 @@ def event_times_of_events(spec: JobSpec) -> Callable[[pa.Table], pa.Array]:
 
 def events_schema(spec: JobSpec) -> T.StructType:
     """The Spark schema of ingested events with their payload
-    (`keyshift.processing.local_merge.input_columns(spec)`), the rows of a key-window spec."""
-    from keyshift.processing.local_merge import input_columns
+    (`keyshift.processing.operators.local_merge.input_columns(spec)`), the rows of a key-window spec."""
+    from keyshift.processing.operators.local_merge import input_columns
 
     types = {f.col: f.spark_type for f in spec.fields}
     types.update({spec.key: T.StringType(), "kafka_partition": T.IntegerType(), "kafka_offset": T.LongType()})
@@ -626,11 +626,11 @@ def ingest_function(
         context: the run (`IngestContext`).
         rows_of: one Spark partition's ingested events (`input_columns(spec)`, after the key
             lookup and the payload) -> the stage's rows (Local Merge's partials,
-            `keyshift.processing.local_merge.partials_function`); None: the events themselves.
+            `keyshift.processing.operators.local_merge.partials_function`); None: the events themselves.
         row_schema: the Spark schema of the stage's rows (without `event_ts`, `is_control`).
         event_times_of: the rows -> the largest event time (ms, int64; NULL for none) of each.
         lookup: (redis_url, input topic) for a spec with `key_lookup`: the worker's cached copy
-            of the map (`keyshift.processing.key_lookup.worker_cache`).
+            of the map (`keyshift.processing.operators.key_lookup.worker_cache`).
 
     Returns:
         A function: iterator of Arrow batches of Kafka rows -> iterator of Arrow batches of
@@ -660,7 +660,7 @@ def ingest_function(
         if tables:
             events = pa.concat_tables(tables)
             if spec.key_lookup is not None:
-                from keyshift.processing.key_lookup import lookup_keys, worker_cache
+                from keyshift.processing.operators.key_lookup import lookup_keys, worker_cache
 
                 events = lookup_keys(events, spec, worker_cache(lookup[0], spec.key_lookup, lookup[1]))
             rows = with_payload(events)

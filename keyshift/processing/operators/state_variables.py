@@ -1,6 +1,6 @@
 """A stateful operator's declared state and how it takes migrated state in: the engine's side of a switch.
 
-A keyed stateful operator (`keyshift.processing.processor`, `key_window_processor`) declares the
+A keyed stateful operator (`keyshift.processing.operators.processor`, `key_window_processor`) declares the
 state it keeps per real key (`MapStateVariable`: a MapState keyed by the job's real key, e.g. the
 origin, inside a `transformWithStateInPandas` grouped by slot token, DESIGN.md). A switch
 (`keyshift.migration.state`) reads those variables from the old query's checkpoint, re-keys them

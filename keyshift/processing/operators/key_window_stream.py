@@ -10,8 +10,8 @@ validate, this run's records, plausibility, watermark, markers dropped):
 There is no Local Merge: a key window update needs each event's time and value, so rows cross
 the shuffle one per event (partials per (key, slide) would merge events that enter and leave
 together, a possible later optimisation). Dead letters go to slot `kafka_partition mod P`, as
-Local Merge sends them. Output rows: `keyshift.processing.key_window_processor.key_window_output_schema`
-with the dead-letter columns; `keyshift.processing.key_window_sink.KeyWindowSink` routes them.
+Local Merge sends them. Output rows: `keyshift.processing.operators.key_window_processor.key_window_output_schema`
+with the dead-letter columns; `keyshift.processing.outputs.key_window_sink.KeyWindowSink` routes them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.placement.spark_tokens import assignment_token_lookup, token_lookup
 from keyshift.placement.tokens import slot_tokens
-from keyshift.processing.key_window_processor import DEAD_LETTER_COLUMNS, KeyWindowColumns, KeyWindowProcessor
+from keyshift.processing.operators.key_window_processor import DEAD_LETTER_COLUMNS, KeyWindowColumns, KeyWindowProcessor
 from keyshift.jobs.spec import JobSpec
 
 
@@ -117,7 +117,7 @@ def key_window_stream(events: DataFrame, spec: JobSpec, strategy: str, partition
 
     Args:
         events: parsed records after the watermark (no event-time timestamp column, no markers),
-            with `keyshift.processing.local_merge.input_columns(spec)`; dead letters included.
+            with `keyshift.processing.operators.local_merge.input_columns(spec)`; dead letters included.
         spec: a key-window job spec. strategy, partitions, assignment, store: placement as in
             `key_window_input_function`. window_ms: the window size p (ms of event time); the
             slide s is `spec.slide_ms`. policy: the watermark policy (the query's `withWatermark`

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from keyshift.settings import DEFAULT_DRIVER_MEMORY, Settings
 
 if TYPE_CHECKING:
-    from keyshift.processing.class_archive import DriverArchive
+    from keyshift.runtime.class_archive import DriverArchive
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def spark_conf(
 def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str], "DriverArchive | None"]:
     """`spark_conf` for a keyshift job whose driver JVM this process starts: the Kafka connector
     jars, `settings.spark_driver_memory`, and the driver's class archive
-    (`keyshift.processing.class_archive`) unless `settings.spark_class_archive` is off.
+    (`keyshift.runtime.class_archive`) unless `settings.spark_class_archive` is off.
 
     Args:
         settings: the stack's settings (cache, driver memory, `spark_class_archive`).
@@ -95,7 +95,7 @@ def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str],
     Raises:
         StackError: the connector jars cannot be fetched (`keyshift.stack.spark.connector_jars`).
     """
-    from keyshift.processing.class_archive import driver_archive
+    from keyshift.runtime.class_archive import driver_archive
     from keyshift.stack.spark import connector_jars
 
     jars = connector_jars(settings)

@@ -1,7 +1,7 @@
 """Job records: the JSON value a producer writes, its Spark schema, parsing and validation.
 
 The rules below are what a job's records must satisfy. A running job applies them in its ingest
-stage (`keyshift.processing.ingest`, Python, on the raw bytes); `validate_records` here states
+stage (`keyshift.processing.operators.ingest`, Python, on the raw bytes); `validate_records` here states
 them as Spark expressions, the reference the ingest stage is tested against record by record,
 also used by the demo's built-in comparison job (`keyshift.processing.builtin`).
 
@@ -38,10 +38,10 @@ does not match it with the reason `FILTERED`: not a dead letter, not an event; L
 such records into one row per Kafka partition and the sink counts them as `filtered`. A spec
 with `key_lookup` has no key field: its key column holds the Kafka key as text (the key the
 producer claims), and rule 7 is checked, with `unknown <field>`, once the key is looked up
-(`keyshift.processing.key_lookup`, in Local Merge).
+(`keyshift.processing.operators.key_lookup`, in Local Merge).
 
 Event-time plausibility (`keyshift.eventtime.plausibility`) and duplicated event ids
-(`keyshift.processing.processor`) add their own reasons later in the pipeline.
+(`keyshift.processing.operators.processor`) add their own reasons later in the pipeline.
 
 A dead letter keeps its raw bytes: `raw_value` holds the value as text when it is valid UTF-8
 (`raw_encoding` = `utf-8`), else its base64 (`raw_encoding` = `base64`); a tombstone has neither

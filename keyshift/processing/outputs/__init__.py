@@ -1,0 +1,1 @@
+"""The engine's outputs, written from the driver once per micro-batch: the windows table, side outputs (alerts, late events, dead letters), the per-batch ledger, split-key pieces, the partition clocks' fold."""
