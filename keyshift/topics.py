@@ -1,4 +1,5 @@
-"""Kafka topic provisioning: create (idempotently), describe, read end offsets, delete.
+"""Kafka topic provisioning: create (idempotently), describe, read end offsets, delete; and the
+end-of-input marker, the one control record keyshift writes into an input topic.
 
 Topic names are defined once in `keyshift.names` (`FLIGHT_TOPICS`); this module takes names as
 arguments and never spells one. All calls go to the broker at `settings.bootstrap_servers`
@@ -8,6 +9,7 @@ through kafka-python's `KafkaAdminClient` / `KafkaConsumer`, with the security o
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -28,6 +30,26 @@ BOOTSTRAP_TIMEOUT_MS = 10_000
 """How long a client waits for the first broker connection before keyshift reports it down."""
 
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+END_OF_INPUT_PREFIX = '{"control": "end_of_input"'
+"""Values starting with this are end-of-input markers, not events: `{"control": "end_of_input",
+"run_id": RUN, "event_time": MS}`. A bounded run writes them after draining its input so that the
+watermark passes every open window; they move the watermark of their own run only and are then
+dropped, never counted as events. Defined here, below every writer and reader of a topic, so a
+producer (the replays) can tell them from another writer's records."""
+
+
+def end_of_input_marker(run_id: str, event_time_ms: int) -> bytes:
+    """The value of an end-of-input marker for `run_id` (see `END_OF_INPUT_PREFIX`).
+
+    Args:
+        run_id: the run whose watermark the marker moves.
+        event_time_ms: the marker's event time, ms since the epoch (UTC).
+
+    Returns:
+        The UTF-8 JSON value, bytes, starting with `END_OF_INPUT_PREFIX`.
+    """
+    return (END_OF_INPUT_PREFIX + f', "run_id": {json.dumps(run_id)}, "event_time": {int(event_time_ms)}}}').encode()
 
 
 @dataclass(frozen=True)
@@ -332,3 +354,56 @@ def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     finally:
         consumer.close()
     return {tp.partition: offset for tp, offset in sorted(offsets.items())}
+
+
+def count_end_of_input_markers(settings: Settings, topic: str, ranges: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Count the end-of-input markers (`END_OF_INPUT_PREFIX`) in offset ranges of `topic`.
+
+    A producer that checks its own writes against a partition's end-offset growth (the replays'
+    `check_growth`) uses this to tell a bounded run's markers, written into the topic while it
+    produced, from another writer's records. Reads every record of each range once.
+
+    Args:
+        settings: broker location.
+        topic: an existing topic.
+        ranges: partition -> (first offset, end offset), end exclusive; empty ranges are skipped.
+
+    Returns:
+        partition -> markers found in its range (records), for every partition of `ranges`.
+
+    Raises:
+        StackError: the broker is unreachable, or a range could not be read within 60 s.
+    """
+    wanted = {p: (lo, hi) for p, (lo, hi) in ranges.items() if hi > lo}
+    counts = {p: 0 for p in ranges}
+    if not wanted:
+        return counts
+    prefix = END_OF_INPUT_PREFIX.encode()
+    try:
+        consumer = KafkaConsumer(**kafka_config(settings, "keyshift-markers"), enable_auto_commit=False,
+                                 allow_auto_create_topics=False)
+    except KafkaError as exc:
+        raise broker_unreachable(settings, exc) from exc
+    try:
+        parts = {p: TopicPartition(topic, p) for p in wanted}
+        consumer.assign(list(parts.values()))
+        for p, tp in parts.items():
+            consumer.seek(tp, wanted[p][0])
+        left = dict(wanted)
+        deadline = time.monotonic() + 60
+        while left:
+            if time.monotonic() > deadline:
+                raise StackError(f"could not read offsets {left} of {topic!r} within 60 s")
+            for tp, records in consumer.poll(timeout_ms=1_000).items():
+                end = wanted[tp.partition][1]
+                for record in records:
+                    if record.offset < end and record.value is not None and record.value.startswith(prefix):
+                        counts[tp.partition] += 1
+                if consumer.position(tp) >= end:
+                    left.pop(tp.partition, None)
+                    consumer.pause(tp)
+    except KafkaError as exc:
+        raise StackError(f"cannot read {topic!r} to count end-of-input markers: {exc}") from exc
+    finally:
+        consumer.close()
+    return counts

@@ -572,7 +572,7 @@ def generate_ysb(
     seconds = time.perf_counter() - started
     after = end_offsets(settings, topic)
     per_partition = {p: int(sent[p]) for p in range(info.partitions)}
-    check_growth(topic, before, after, per_partition)
+    check_growth(topic, before, after, per_partition, settings)
     result = ReplayResult(
         topic=topic, strategy=placer.name, epoch=placer.epoch, partitions=info.partitions,
         events_produced=int(sent.sum()), per_partition=per_partition, end_offsets=after, seconds=seconds,

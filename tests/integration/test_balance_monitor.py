@@ -8,7 +8,6 @@ topic and Redis keys of its own and removes them.
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest

@@ -214,10 +214,12 @@ def test_a_bounded_run_on_a_live_feed_reads_while_the_feed_runs(stack_settings, 
     feed = None
     try:
         wait_for(lambda: "holds 0 of the run's" in out.read_text(), job, 120, "the driver to look at the empty topic")
-        feed = subprocess.Popen([KEYSHIFT, "replay", "flights", "--topic", topic, "--limit", str(flights), "--rate", str(rate),
-                                 "--strategy", "hash", "--partitions", str(PARTITIONS), "--no-progress"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-        assert feed.wait(timeout=300) == 0
+        feed_out = tmp_path / "feed.out"
+        with feed_out.open("w") as feed_log:
+            feed = subprocess.Popen([KEYSHIFT, "replay", "flights", "--topic", topic, "--limit", str(flights), "--rate", str(rate),
+                                     "--strategy", "hash", "--partitions", str(PARTITIONS), "--no-progress"],
+                                    stdout=feed_log, stderr=subprocess.STDOUT, start_new_session=True)
+        assert feed.wait(timeout=300) == 0, feed_out.read_text()[-3000:]
         feed_done = time.time()
         assert _ended(job, out, 600) == 0, out.read_text()[-3000:]
     finally:

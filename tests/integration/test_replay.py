@@ -11,15 +11,15 @@ import redis
 from kafka import KafkaProducer
 
 from keyshift.data.flights import fetch_flights, flights_path
-from keyshift.data.replay import read_replay_record, replay_flights
-from keyshift.errors import ConfigurationError
+from keyshift.data.replay import check_growth, read_replay_record, replay_flights
+from keyshift.errors import ConfigurationError, StackError
 from keyshift.names import redis_replay_key
 from keyshift.placement.assignment_store import AssignmentStore
 from keyshift.placement.learning import learn_and_publish, learning_counts
 from keyshift.placement.kafka_partitioner import KafkaPartitioner
 from keyshift.placement.strategies import LeastCountStrategy, strategy_by_name
 from keyshift.settings import Settings
-from keyshift.topics import create_topics, delete_topics, end_offsets
+from keyshift.topics import create_topics, delete_topics, end_of_input_marker, end_offsets
 
 pytestmark = pytest.mark.integration
 
@@ -165,3 +165,27 @@ def test_learned_replay_without_a_matching_assignment_names_the_fix(
         replay_flights(settings, topic, limit=10, strategy=wanted, progress=False)
     assert f"keyshift topics create --strategy {wanted} --partitions {PARTITIONS} {topic}" in str(info.value)
     assert end_offsets(settings, topic) == {p: 0 for p in range(PARTITIONS)}  # nothing was produced
+
+
+def test_growth_check_counts_a_bounded_runs_markers_but_not_another_writers_records(settings: Settings, topic: str) -> None:
+    # a bounded run reading the topic while it is fed writes end-of-input markers into it once
+    # its limit's offsets are there (issue 33); the replay's growth check must not call them
+    # another writer, but must still catch a real one
+    before = end_offsets(settings, topic)
+    sent = {p: 2 if p in (0, 3) else 0 for p in range(PARTITIONS)}
+    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    try:
+        for p in (0, 3):
+            producer.send(topic, key=b"ORD", value=b'{"event": 1}', partition=p)
+            producer.send(topic, value=end_of_input_marker("run-x", 253_402_300_799_000), partition=p)
+            producer.send(topic, key=b"ORD", value=b'{"event": 2}', partition=p)
+        producer.flush()
+        check_growth(topic, before, end_offsets(settings, topic), sent, settings)  # markers not counted
+        with pytest.raises(StackError, match="grew by"):
+            check_growth(topic, before, end_offsets(settings, topic), sent)  # without reading back
+        producer.send(topic, key=b"ATL", value=b'{"other": "writer"}', partition=3).get(timeout=30)
+        with pytest.raises(StackError, match=r"another producer wrote to the topic.*") as info:
+            check_growth(topic, before, end_offsets(settings, topic), sent, settings)
+        assert "3: 3" in str(info.value)
+    finally:
+        producer.close()

@@ -17,12 +17,13 @@ import pytest
 from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.ysb import YSB
+from keyshift.topics import end_of_input_marker
 from keyshift.processing.operators.ingest import (
     IngestContext, RecordIngest, canonical_pattern, event_times_of_events, events_schema, ingest_function, keep_own_records,
     max_event_times, stage_schema, with_payload,
 )
 from keyshift.processing.operators.local_merge import input_columns, partial_schema, partials_function
-from keyshift.processing.operators.records import canonical_record_pattern, end_of_input_marker, parse_records
+from keyshift.processing.operators.records import canonical_record_pattern, parse_records
 
 from test_records import CANONICAL, CASES, FAST_PATH_CASES
 
@@ -65,16 +66,16 @@ def ysb_value(**changes) -> bytes:
 
 YSB_CASES = [
     (b"campaign-1", ysb_value()),
-    (b"campaign-1", ysb_value(event_type="click")),  # filtered
-    (b"campaign-1", ysb_value(event_type="")),  # empty event_type
+    (b"campaign-1", ysb_value(event_type="click")), # filtered
+    (b"campaign-1", ysb_value(event_type="")), # empty event_type
     (b"campaign-1", ysb_value(ad_id=" ")),
     (b"campaign-1", ysb_value(event_id=-3)),
     (b"campaign-1", ysb_value(ad_type=7)),
     (b"campaign-1", ysb_value(user_id=...)),
-    (None, ysb_value()),  # no key: checked after the lookup
+    (None, ysb_value()), # no key: checked after the lookup
     (b"\xff", ysb_value()),
     (b"campaign-1", ysb_value()[:-1]),
-    (b"campaign-1", json.dumps(YSB_GOOD).encode()),  # spaces after separators: still canonical
+    (b"campaign-1", json.dumps(YSB_GOOD).encode()), # spaces after separators: still canonical
     (b"campaign-1", ysb_value(extra=[1, 2])),
     (b"campaign-1", None),
 ]

@@ -12,7 +12,8 @@ from test_records import CASES, FAST_PATH_CASES
 
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.ysb import YSB
-from keyshift.processing.operators.records import FILTERED, MALFORMED_JSON, NOT_AN_OBJECT, end_of_input_marker, record_columns, validate_records
+from keyshift.topics import end_of_input_marker
+from keyshift.processing.operators.records import FILTERED, MALFORMED_JSON, NOT_AN_OBJECT, record_columns, validate_records
 from keyshift.processing.operators.strict_records import control_marker, java_utf8_decode, strict_record
 
 YSB_ALL = dataclasses.replace(YSB, keep=None)  # the fields Spark parses for YSB's filtered records

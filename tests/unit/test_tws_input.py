@@ -8,7 +8,6 @@ import pickle
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pytest
 from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
 
 from keyshift.processing.operators import tws_input

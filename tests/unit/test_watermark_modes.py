@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pandas as pd
-import pytest
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, watermark_key

@@ -4,7 +4,6 @@ version), dead letters for unknown ads and wrong keys, and the accounting throug
 the processor and the sink."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd

@@ -50,7 +50,6 @@ A dead letter keeps its raw bytes: `raw_value` holds the value as text when it i
 
 from __future__ import annotations
 
-import json
 import re
 
 from pyspark.sql import Column, DataFrame
@@ -58,6 +57,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keyshift.jobs.spec import JobSpec
+from keyshift.topics import END_OF_INPUT_PREFIX
 
 CORRUPT_COLUMN = "_corrupt_record"
 
@@ -111,18 +111,6 @@ def reasons(spec: JobSpec) -> tuple[str, ...]:
         *((spec.key_lookup.missing_reason,) if spec.key_lookup is not None else ()),
         key_mismatch(spec),
     )
-
-
-END_OF_INPUT_PREFIX = '{"control": "end_of_input"'
-"""Values starting with this are end-of-input markers, not events: `{"control": "end_of_input",
-"run_id": RUN, "event_time": MS}`. A bounded run writes them after draining its input so that the
-watermark passes every open window; they move the watermark of their own run only and are then
-dropped, never counted as events."""
-
-
-def end_of_input_marker(run_id: str, event_time_ms: int) -> bytes:
-    """The value of an end-of-input marker for `run_id` (see `END_OF_INPUT_PREFIX`)."""
-    return (END_OF_INPUT_PREFIX + f', "run_id": {json.dumps(run_id)}, "event_time": {int(event_time_ms)}}}').encode()
 
 
 def record_columns(spec: JobSpec) -> tuple[str, ...]:

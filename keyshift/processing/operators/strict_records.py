@@ -62,7 +62,7 @@ write; each is covered where testable by `tests/unit/test_strict_records.py`):
   directly by a BMP character first assigned in Unicode 14 is `malformed JSON` here when it is
   a letter, mark or digit, `not a JSON object` in Spark.
 - `control_marker`'s run id for a marker whose `run_id` is a non-integer number (never written
-  by `records.end_of_input_marker`): Spark prints the double with JDK 17's `Double.toString`,
+  by `keyshift.topics.end_of_input_marker`): Spark prints the double with JDK 17's `Double.toString`,
   which is not always the shortest representation (2.82879384806159E17 prints as
   2.82879384806159008E17); here the shortest digits are printed in the JDK's layout.
 - Spark itself is not deterministic for a float of exactly the boundary length (over 1000 digits
@@ -91,9 +91,9 @@ import sys
 import unicodedata
 from decimal import Decimal
 
+from keyshift.topics import END_OF_INPUT_PREFIX
 from keyshift.processing.operators.records import (
     EMPTY_VALUE,
-    END_OF_INPUT_PREFIX,
     FILTERED,
     INVALID_UTF8,
     JSON_WHITESPACE,
@@ -715,7 +715,7 @@ def _marker_event_time(text: str, name: str) -> int | None:
 
 
 def control_marker(spec: JobSpec, value: bytes | None) -> tuple[str | None, int | None] | None:
-    """What `validate_records` reads from an end-of-input marker (`records.END_OF_INPUT_PREFIX`).
+    """What `validate_records` reads from an end-of-input marker (`keyshift.topics.END_OF_INPUT_PREFIX`).
 
     Args:
         spec: the job (its event-time field is the one whose column is `spec.event_time`).

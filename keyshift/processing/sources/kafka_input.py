@@ -20,7 +20,7 @@ from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC, SINK_COMMITS_TOPIC
 from keyshift.kafka_clients import client_options, spark_options
-from keyshift.processing.operators.records import end_of_input_marker
+from keyshift.topics import end_of_input_marker
 from keyshift.settings import Settings
 
 
