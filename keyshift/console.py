@@ -22,7 +22,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
+from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC, RunDir
 
 STEP = {"step": True}
 """`extra=` of a log record that is a step of a run: the terminal shows it even at INFO."""
@@ -201,7 +201,7 @@ def summary_rows(summary: dict[str, Any], cwd: Path | None = None) -> list[tuple
         rows.append(("Spark built-in", comparison_text(builtin)))
     folder = run_folder(s)
     if folder is not None:
-        files = ["summary.json", "driver.log", "windows/" if s.get("key_window_updates") is None else "key_windows/"]
+        files = [RunDir.SUMMARY, RunDir.DRIVER_LOG, (RunDir.WINDOWS if s.get("key_window_updates") is None else RunDir.KEY_WINDOWS) + "/"]
         if quality and quality.get("data_docs"):
             files.append(_where(quality["data_docs"], folder))
         rows.append(("outputs", f"{_where(folder, cwd)}/: " + ", ".join(files)))

@@ -192,10 +192,10 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
     log.info("demo %s: checking the windows table (Great Expectations suite, pandas' windows of the same flights)", run_id,
              extra=STEP)
     # the committed flight_delay_windows suite; its result and Data Docs go to runs/<run_id>/
-    summary["quality"] = validate_windows(pd.read_parquet(recorder.run_dir / "windows"), partitions,
+    summary["quality"] = validate_windows(pd.read_parquet(recorder.folder.windows), partitions,
                                           run_dir=recorder.run_dir, run_id=run_id)
     reference = reference_windows(flights_path(settings), limit=replay.events_produced, window_ms=config.window_ms)
-    summary["reference"] = compare_to_reference(recorder.run_dir / "windows", reference)
+    summary["reference"] = compare_to_reference(recorder.folder.windows, reference)
     log.info("demo %s: windows vs pandas: %s", run_id, summary["reference"])
     if compare_global and watermark != "global" and not stopped.is_set():
         global_id = f"{run_id}-global"
@@ -215,9 +215,9 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
         source = read_kafka(spark, settings, topic, start, max_offsets_per_trigger)
         log.info("demo %s: running the plain Spark job (built-in window aggregation, keyshift bench throughput's baseline) on the same records", run_id, extra=STEP)
         end = {int(p): o for p, o in summary["end_offsets"].items()}
-        result = run_builtin_windows(source, recorder.run_dir / "builtin_windows", run_id, builtin_bound_ms, END_OF_INPUT_EVENT_TIME_MS, end)
+        result = run_builtin_windows(source, recorder.folder.builtin_windows, run_id, builtin_bound_ms, END_OF_INPUT_EVENT_TIME_MS, end)
         result["bound_ms"] = builtin_bound_ms
-        result["comparison"] = compare_windows(recorder.run_dir / "windows", recorder.run_dir / "builtin_windows")
+        result["comparison"] = compare_windows(recorder.folder.windows, recorder.folder.builtin_windows)
         # like with like: the first run's figure includes the JVM's cold start, the built-in's (third) does not
         result.update(builtin_comparison(result["events_per_second"], summary.get("global_mode")))
         summary["builtin"] = result

@@ -1,10 +1,13 @@
-"""Names defined once: Kafka topics, Redis keys, Airflow DAG ids and asset-like paths.
+"""Names defined once: Kafka topics, Redis keys, Airflow DAG ids and the files of a run folder.
 
 Every other module imports these rather than spelling a name again. The topic names and the Redis
 prefix are read from `infra/stack.env` (`keyshift.stack_env`), the file docker-compose.yml gives
 its containers, and only from there: no environment variable overrides them, so every process of
 a deployment uses the same names.
 """
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from keyshift.stack_env import stack_value
 
@@ -131,3 +134,147 @@ def redis_ysb_window_key(run_id: str, campaign_id: str, window_start_ms: int) ->
     """Redis hash of one (campaign, 10 s window) of a YSB job run: `seen_count` (views) and
     `time_updated` (wall-clock ms of the write)."""
     return f"{REDIS_PREFIX}:ysb:run:{run_id}:window:{campaign_id}:{int(window_start_ms)}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The folder of one job run, `runs/<run_id>/`, and the name of every file keyshift keeps in it.
+
+    Every module that reads or writes a run's files asks this class for the path, so a file's name
+    is spelled once. Paths only: nothing is created or read here.
+
+    Attributes:
+        path: the run's folder (`Settings.runs_dir / run_id`).
+    """
+
+    path: Path
+
+    JOB_RECORD = "job.json"
+    SUMMARY = "summary.json"
+    PROGRESS = "progress.jsonl"
+    ATTEMPTS = "attempts.jsonl"
+    DRIVER_LOG = "driver.log"
+    TASK_SECONDS = "task_seconds.json"
+    WINDOWS = "windows"
+    KEY_WINDOWS = "key_windows"
+    BUILTIN_WINDOWS = "builtin_windows"
+    BUILTIN_CHECKPOINT = "builtin_checkpoint"
+    LEDGER = "batches"
+    PIECES = "pieces"
+    PARTITION_CLOCKS = "partition-clocks"
+    QUALITY = "quality.json"
+    PIPELINE = "pipeline.json"
+    DATA_DOCS = "data_docs"
+    SUPERVISOR_SPEC = "run/supervisor.json"
+    FIRST_CHECKPOINT = "checkpoint"
+
+    @classmethod
+    def of(cls, runs_dir: Path | str, run_id: str) -> "RunDir":
+        """The folder of run `run_id` under `runs_dir` (`Settings.runs_dir`)."""
+        return cls(Path(runs_dir) / run_id)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id: the folder's name."""
+        return self.path.name
+
+    @property
+    def job_record(self) -> Path:
+        """`job.json`: the run's config, start offsets, replay record and segments
+        (`keyshift.processing.job_record`)."""
+        return self.path / self.JOB_RECORD
+
+    @property
+    def summary(self) -> Path:
+        """`summary.json`: the run's summary, written once when it ends (`keyshift.runs.RunRecorder`)."""
+        return self.path / self.SUMMARY
+
+    @property
+    def progress(self) -> Path:
+        """`progress.jsonl`: one JSON progress record per completed micro-batch."""
+        return self.path / self.PROGRESS
+
+    @property
+    def attempts(self) -> Path:
+        """`attempts.jsonl`: one line per attempt at the run (the first start, then each `--resume`):
+        `attempt`, `started_at` (epoch seconds, once Spark is up) and `events_at_start` (the
+        events the run had read when the attempt began, from its ledger)."""
+        return self.path / self.ATTEMPTS
+
+    @property
+    def driver_log(self) -> Path:
+        """`driver.log`: the driver's log (`keyshift.runlog`)."""
+        return self.path / self.DRIVER_LOG
+
+    @property
+    def task_seconds(self) -> Path:
+        """`task_seconds.json`: Spark task seconds per stateful partition (`keyshift.runtime.run_summary`)."""
+        return self.path / self.TASK_SECONDS
+
+    @property
+    def windows(self) -> Path:
+        """`windows/`: the tumbling windows table (Parquet, one file per micro-batch)."""
+        return self.path / self.WINDOWS
+
+    @property
+    def key_windows(self) -> Path:
+        """`key_windows/`: the key windows table of a `window="key_windows"` spec (Parquet)."""
+        return self.path / self.KEY_WINDOWS
+
+    @property
+    def builtin_windows(self) -> Path:
+        """`builtin_windows/`: the windows of Spark's built-in aggregation (the demo's comparison)."""
+        return self.path / self.BUILTIN_WINDOWS
+
+    @property
+    def ledger(self) -> Path:
+        """`batches/`: the sink's ledger, one JSON file per run batch id."""
+        return self.path / self.LEDGER
+
+    @property
+    def pieces(self) -> Path:
+        """`pieces/`: partial windows of split keys waiting for their other pieces."""
+        return self.path / self.PIECES
+
+    @property
+    def partition_clocks(self) -> Path:
+        """`partition-clocks/`: the clock of every Kafka partition per batch
+        (`keyshift.eventtime.partition_clocks`)."""
+        return self.path / self.PARTITION_CLOCKS
+
+    @property
+    def quality(self) -> Path:
+        """`quality.json`: the Great Expectations validation of the run's outputs."""
+        return self.path / self.QUALITY
+
+    @property
+    def pipeline(self) -> Path:
+        """`pipeline.json`: what the Airflow pipeline DAG recorded about the run."""
+        return self.path / self.PIPELINE
+
+    @property
+    def data_docs(self) -> Path:
+        """`data_docs/`: Great Expectations' Data Docs site of the run's validations."""
+        return self.path / self.DATA_DOCS
+
+    @property
+    def supervisor_spec(self) -> Path:
+        """`run/supervisor.json`: the spec of the run's supervisor (`keyshift.orchestration.supervisor`)."""
+        return self.path / self.SUPERVISOR_SPEC
+
+    def checkpoint(self, name: str = FIRST_CHECKPOINT) -> Path:
+        """A segment's Spark checkpoint folder; `name` is the segment's `checkpoint` field
+        (`checkpoint` for the first query, `checkpoint_name(i)` for the i-th)."""
+        return self.path / name
+
+    @staticmethod
+    def checkpoint_name(index: int) -> str:
+        """The checkpoint folder name of the run's segment `index` (>= 0): `checkpoint`, then
+        `checkpoint-1`, `checkpoint-2`, ..."""
+        return RunDir.FIRST_CHECKPOINT if index == 0 else f"{RunDir.FIRST_CHECKPOINT}-{index}"
+
+    @staticmethod
+    def migrated_state_name(switch_id: str) -> str:
+        """The migrated state file of switch `switch_id`, relative to the run folder (a segment's
+        `initial_state` field): `switches/<switch_id>/initial_state.parquet`."""
+        return f"switches/{switch_id}/initial_state.parquet"

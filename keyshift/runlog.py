@@ -21,10 +21,9 @@ import logging
 import traceback
 from pathlib import Path
 
+from keyshift.names import RunDir
 from keyshift.settings import PROJECT_ROOT
 
-DRIVER_LOG_NAME = "driver.log"
-"""The run's log file, in its run folder."""
 
 LOG4J2_CONFIG = PROJECT_ROOT / "infra" / "spark" / "log4j2-driver.properties"
 """log4j2 configuration of a driver JVM whose stderr is a driver log (see the file's comments)."""
@@ -37,7 +36,7 @@ _handler: logging.FileHandler | None = None
 
 def driver_log_path(run_dir: Path) -> Path:
     """`<run_dir>/driver.log`, the log file of the run whose folder is `run_dir`."""
-    return run_dir / DRIVER_LOG_NAME
+    return RunDir(Path(run_dir)).driver_log
 
 
 def attach(path: Path) -> Path:

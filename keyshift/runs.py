@@ -20,7 +20,7 @@ import redis
 from tenacity import before_sleep_log, retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from keyshift.errors import StackError
-from keyshift.names import redis_progress_key, redis_replay_key, redis_run_key
+from keyshift.names import RunDir, redis_progress_key, redis_replay_key, redis_run_key
 from keyshift.settings import Settings
 
 REDIS_OUTAGE_S = 60.0
@@ -83,12 +83,6 @@ def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
         client.close()
 
 
-ATTEMPTS_FILE = "attempts.jsonl"
-"""`runs/<run_id>/attempts.jsonl`: one line per attempt at the run (the first start, then each
-`--resume`): `attempt`, `started_at` (epoch seconds, once Spark is up) and `events_at_start`
-(the events the run had read when the attempt began, from its ledger)."""
-
-
 class RunRecorder:
     """Writes one run's record, progress and summary (see the module docstring for the keys).
 
@@ -99,11 +93,12 @@ class RunRecorder:
 
     def __init__(self, settings: Settings, run_id: str) -> None:
         self.run_id = run_id
-        self.run_dir = settings.runs_dir / run_id
+        self.folder = RunDir.of(settings.runs_dir, run_id)
+        self.run_dir = self.folder.path
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.summary_path = self.run_dir / "summary.json"
-        self.progress_path = self.run_dir / "progress.jsonl"
-        self.attempts_path = self.run_dir / ATTEMPTS_FILE
+        self.summary_path = self.folder.summary
+        self.progress_path = self.folder.progress
+        self.attempts_path = self.folder.attempts
         self.attempt = 0
         """This process's attempt at the run: 0, then one more per `--resume` (progress records carry it)."""
         self.attempt_started_at: float | None = None
@@ -190,7 +185,7 @@ class RunRecorder:
         return self.redis.hgetall(redis_replay_key(topic))
 
     def start_attempt(self, started_at: float, events_at_start: int) -> None:
-        """Append this attempt's line to `attempts.jsonl` (`ATTEMPTS_FILE`).
+        """Append this attempt's line to `attempts.jsonl` (`RunDir.attempts`).
 
         Args:
             started_at: when the attempt began processing (epoch seconds, Spark up).
@@ -212,7 +207,7 @@ def attempt_figures(attempts: list[dict[str, Any]], progress: list[dict[str, Any
     0 s).
 
     Args:
-        attempts: `attempts.jsonl`'s lines (`ATTEMPTS_FILE`).
+        attempts: `attempts.jsonl`'s lines (`RunDir.attempts`).
         progress: `progress.jsonl`'s records; each has `events_read` (the run's events so far) and,
             since attempts were recorded, `attempt` and `written_at` (epoch seconds).
         current: this attempt's `attempt`, `events` (the run's events at its end) and `seconds`.

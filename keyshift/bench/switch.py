@@ -616,7 +616,7 @@ def build_report(settings: Settings, switching_id: str, oracle_id: str, records:
     run_dir, oracle_dir = settings.runs_dir / switching_id, settings.runs_dir / oracle_id
     progress = read_progress(run_dir)
     origin_ms = progress[0]["timestamp_ms"] if progress else None
-    segment_of = {s["switch_id"]: int(s["index"]) for s in load_segments(run_dir) if s.get("switch_id")}
+    segment_of = {s.switch_id: s.index for s in load_segments(run_dir) if s.switch_id}
     switches = [switch_entry(r, progress, segment_of[r["switch_id"]], origin_ms) for r in records]
     summary = json.loads((run_dir / "summary.json").read_text())
     oracle = json.loads((oracle_dir / "summary.json").read_text())

@@ -91,9 +91,7 @@ from pathlib import Path
 import numpy as np
 
 from keyshift.errors import JobError
-
-CLOCKS_FOLDER = "partition-clocks"
-"""The folder of a run's partition clocks, under `runs/<run_id>/`."""
+from keyshift.names import RunDir
 
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 """Default seconds of processing time after which a partition without records stops holding the
@@ -305,7 +303,7 @@ class PartitionClockStore:
     """
 
     def __init__(self, run_dir: Path | str) -> None:
-        self.root = Path(run_dir) / CLOCKS_FOLDER
+        self.root = RunDir(Path(run_dir)).partition_clocks
 
     def in_force_path(self, batch_id: int) -> Path:
         """`in-force-<b>.json`."""

@@ -23,14 +23,16 @@ from keyshift.processing.operators.state_variables import MapStateVariable
 from keyshift.migration.switch import SwitchControl, step_index
 from keyshift.placement.tokens import capped_stateful_partitions, slot_tokens, stateful_partition_of_slot
 from keyshift.processing.failpoints import failpoint
+from keyshift.names import RunDir
+from keyshift.processing.job_record import Segment
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def switch_number(segments: Sequence[dict[str, Any]], record: dict[str, Any]) -> int:
+def switch_number(segments: Sequence[Segment], record: dict[str, Any]) -> int:
     """1 for the run's first switch, 2 for the second ... (the failpoints' counter)."""
-    done = [s for s in segments if s.get("switch_id") and s["switch_id"] != record["switch_id"]]
+    done = [s for s in segments if s.switch_id and s.switch_id != record["switch_id"]]
     return len(done) + 1
 
 
@@ -56,14 +58,14 @@ def migrate(
     spark: SparkSession,
     settings: Settings,
     run_dir: Path,
-    segments: list[dict[str, Any]],
+    segments: list[Segment],
     record: dict[str, Any],
     control: SwitchControl,
     variables: Sequence[MapStateVariable],
-    save_segments: Callable[[list[dict[str, Any]]], None],
+    save_segments: Callable[[list[Segment]], None],
     stop_requested_at: float,
     max_stateful_partitions: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Segment]:
     """Steps stopped, migrated, segment, published of a switch whose old query is stopped.
 
     Args:
@@ -82,18 +84,18 @@ def migrate(
         JobError: the old query committed no batch (nothing to cut), or a state read failed.
     """
     old = segments[-1]
-    topic = old["topic"]
+    topic = old.topic
     number = switch_number(segments, record)
     record["stop_requested_at"] = stop_requested_at
-    old_checkpoint = run_dir / old["checkpoint"]
+    old_checkpoint = run_dir / old.checkpoint
     cut, offsets, floor = read_cut(old_checkpoint, topic)
     started = time.monotonic()
     if cut is None:
-        offsets = {int(p): int(o) for p, o in old["start_offsets"].items()}
-    floor = max(floor, int(old.get("watermark_floor_ms") or 0))
-    base = int(old["batch_base"]) + (cut + 1 if cut is not None else 0)
+        offsets = dict(old.start_offsets)
+    floor = max(floor, old.watermark_floor_ms)
+    base = old.batch_base + (cut + 1 if cut is not None else 0)
     record = control.advance(record, "stopped", time.time() - stop_requested_at, cut_batch=cut, cut_offsets={str(p): o for p, o in sorted(offsets.items())},
-                             watermark_floor_ms=floor, batch_base=base, old_checkpoint=old["checkpoint"])
+                             watermark_floor_ms=floor, batch_base=base, old_checkpoint=old.checkpoint)
     failpoint("switch.stopped", number)
 
     t = time.monotonic()
@@ -111,9 +113,9 @@ def migrate(
                                        if name not in shared or not shared[name](str(k))})
     slot_of = slot_function(record)
     migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions, stateful_partitions),
-                           slot_tokens(int(old["partitions"]), old.get("stateful_partitions")))
-    index = int(old["index"]) + 1
-    state_file = f"switches/{record['switch_id']}/initial_state.parquet"
+                           slot_tokens(old.partitions, old.stateful_partitions))
+    index = old.index + 1
+    state_file = RunDir.migrated_state_name(record["switch_id"])
     save_migrated(migrated, run_dir / state_file)
     record = control.advance(record, "migrated", time.monotonic() - t, migration=migrated.summary())
     failpoint("switch.migrated", number)
@@ -126,22 +128,22 @@ def migrate(
     for partition, beginning in now.beginning.items():
         start.setdefault(partition, beginning)  # a partition added for a larger P starts at its beginning
     learned = record["strategy_to"] not in ("hash", "modulo")
-    segment = {
-        "index": index, "checkpoint": f"checkpoint-{index}", "strategy": record["strategy_to"], "partitions": partitions,
-        "stateful_partitions": stateful_partitions, "epoch": int(record["epoch_to"]),
-        "assignment": {k: int(v) for k, v in record["mapping"].items()} if learned else None,
-        "split": {k: list(v) for k, v in (record.get("split") or {}).items()} or None, "topic": topic,
-        "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": base, "watermark_floor_ms": floor,
-        "initial_state": state_file, "switch_id": record["switch_id"],
+    segment = Segment(
+        index=index, checkpoint=RunDir.checkpoint_name(index), strategy=record["strategy_to"], partitions=partitions,
+        stateful_partitions=stateful_partitions, epoch=int(record["epoch_to"]),
+        assignment={k: int(v) for k, v in record["mapping"].items()} if learned else None,
+        split={k: list(v) for k, v in (record.get("split") or {}).items()} or None, topic=topic,
+        start_offsets=dict(start), batch_base=base, watermark_floor_ms=floor,
+        initial_state=state_file, switch_id=record["switch_id"],
         # end-of-input markers already in the topic were written for the old query: if the cut
         # came before the batch that read them, they sit among input the new query still reads
         # (and alone in a partition added for a larger P), so the new query ignores them and
         # the driver writes markers of its own once this segment's input is planned to its end
-        "marker_floor": {str(p): int(o) for p, o in sorted(now.end.items())},
-    }
+        marker_floor={int(p): int(o) for p, o in now.end.items()},
+    )
     segments = [*segments, segment]
     save_segments(segments)
-    record = control.advance(record, "segment", time.monotonic() - t, new_checkpoint=segment["checkpoint"])
+    record = control.advance(record, "segment", time.monotonic() - t, new_checkpoint=segment.checkpoint)
     failpoint("switch.segment", number)
     t = time.monotonic()
     publish(settings, record)
@@ -236,7 +238,7 @@ def verify_and_finish(
     spark: SparkSession,
     settings: Settings,
     run_dir: Path,
-    segment: dict[str, Any],
+    segment: Segment,
     record: dict[str, Any],
     control: SwitchControl,
     variables: Sequence[MapStateVariable],
@@ -269,14 +271,14 @@ def verify_and_finish(
         placed = AssignmentStore.from_settings(settings, record["topic"]).slot_of
     slot_of = slot_function(record, placed)
 
-    partitions = int(segment["partitions"])
-    stateful_partitions = int(segment.get("stateful_partitions") or partitions)
+    partitions = segment.partitions
+    stateful_partitions = segment.stateful_partitions or partitions
 
     def slots_of(key: str) -> tuple[int, ...]:  # the stateful partitions that may hold the key's state
         return tuple(stateful_partition_of_slot(slot, partitions, stateful_partitions) for slot in split.get(key) or (slot_of(key),))
 
     t = time.monotonic()
-    placement = verify_placement(spark, run_dir / segment["checkpoint"], variables, slots_of, batch_id=0)
+    placement = verify_placement(spark, run_dir / segment.checkpoint, variables, slots_of, batch_id=0)
     conserved = conservation() if conservation is not None else None
     if not placement["ok"]:
         control.conclude(record, "failed", error=f"state on the wrong slot: {placement['misplaced']}", verify=placement)
@@ -312,11 +314,11 @@ def _record_cost(settings: Settings, record: dict[str, Any]) -> None:
         log.warning("switch %s: its cost was not recorded for the monitor (%s)", record["switch_id"], exc)
 
 
-def roll_back(settings: Settings, segments: list[dict[str, Any]], record: dict[str, Any], control: SwitchControl,
-              save_segments: Callable[[list[dict[str, Any]]], None], error: str) -> list[dict[str, Any]]:
+def roll_back(settings: Settings, segments: list[Segment], record: dict[str, Any], control: SwitchControl,
+              save_segments: Callable[[list[Segment]], None], error: str) -> list[Segment]:
     """Undo a switch whose new query failed before its first commit: drop its segment,
     republish the old assignment as a newer epoch if the new one was published, record it."""
-    if segments and segments[-1].get("switch_id") == record["switch_id"]:
+    if segments and segments[-1].switch_id == record["switch_id"]:
         segments = segments[:-1]
         save_segments(segments)
     if step_index(record.get("step", "requested")) >= step_index("published"):

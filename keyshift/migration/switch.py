@@ -354,9 +354,9 @@ def request_switch(
     if partitions is not None and partitions < 1:
         raise ConfigurationError(f"partitions must be >= 1, got {partitions}")
     run_dir = settings.runs_dir / run_id
-    if not (run_dir / "job.json").exists():
+    if not names.RunDir(run_dir).job_record.exists():
         refuse_unstarted_run(settings, run_id)  # always raises: not ready yet, or no run to switch
-    job = json.loads((run_dir / "job.json").read_text())["config"].get("job", "flight_delays")
+    job = json.loads(names.RunDir(run_dir).job_record.read_text())["config"].get("job", "flight_delays")
     if job_spec(job).key_windows:
         raise ConfigurationError(f"run {run_id!r} runs job {job}, which computes key windows: switching a key-window job is not "
                                  "supported; stop it and start a new run with the other strategy or P")
@@ -373,8 +373,7 @@ def request_switch(
                 raise ConfigurationError(f"run {run_id} has no switch under way; name the strategy to switch to (--strategy)")
             segments = load_segments(run_dir)
             last = segments[-1]
-            view = SegmentView(last["strategy"], int(last["partitions"]), int(last["epoch"]), last["topic"],
-                               last.get("assignment"), {k: tuple(v) for k, v in (last.get("split") or {}).items()} or None)
+            view = SegmentView(last.strategy, last.partitions, last.epoch, last.topic, last.assignment, last.split_slots)
             record = _plan_record(settings, control, view, strategy, partitions or view.partitions, reason, sample_events)
         else:
             log.info("run %s: finishing switch %s (step %s)", run_id, record["switch_id"], record["step"])

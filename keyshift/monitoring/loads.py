@@ -29,7 +29,7 @@ import redis
 
 from keyshift.errors import ConfigurationError
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
-from keyshift.names import REDIS_PREFIX, redis_progress_key, redis_run_key
+from keyshift.names import REDIS_PREFIX, RunDir, redis_progress_key, redis_run_key
 
 log = logging.getLogger(__name__)
 
@@ -212,13 +212,13 @@ def job_counts(client: redis.Redis, runs_dir: Path, run_id: str) -> JobCounts | 
     record = client.hgetall(redis_run_key(run_id))
     if not record:
         raise ConfigurationError(f"no run record {redis_run_key(run_id)} in Redis; name a run the job recorded (see runs/)")
-    summary = Path(record.get("summary_path") or runs_dir / run_id / "summary.json")
+    summary = Path(record.get("summary_path") or RunDir.of(runs_dir, run_id).summary)
     state = record.get("state", "?")
     if summary.is_file():
         slots = json.loads(summary.read_text(encoding="utf-8")).get("per_slot_events")
         if slots:
             return JobCounts(run_id, state, tuple(int(v) for v in slots), "summary", str(summary))
-    progress = summary.parent / "progress.jsonl"
+    progress = RunDir(summary.parent).progress
     if not progress.is_file():
         log.info("run %s (%s) has no summary or progress file under %s yet", run_id, state, summary.parent)
         return None
@@ -246,7 +246,7 @@ def job_offsets(client: redis.Redis, runs_dir: Path, run_id: str) -> dict[int, i
     """
     latest = client.hget(redis_progress_key(run_id), "latest")
     if latest is None:
-        progress = runs_dir / run_id / "progress.jsonl"
+        progress = RunDir.of(runs_dir, run_id).progress
         lines = progress.read_text(encoding="utf-8").split() if progress.is_file() else []
         latest = lines[-1] if lines else None
     offsets = json.loads(latest).get("offsets") if latest else None

@@ -44,6 +44,7 @@ from keyshift import names
 from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.monitoring.results import DEFAULT_KEEP
 from keyshift.settings import Settings
+from keyshift.names import RunDir
 
 if TYPE_CHECKING:
     from keyshift.monitoring.results import LastSwitch
@@ -488,7 +489,7 @@ def _rescale(
     from keyshift.stack.spark import local_master_cores
 
     progress: list[dict[str, Any]] = []
-    path = settings.runs_dir / (run_id or "-") / "progress.jsonl"
+    path = RunDir.of(settings.runs_dir, run_id or "-").progress
     if run_id and path.is_file():
         with path.open(encoding="utf-8") as lines:
             for line in deque(lines, maxlen=MAX_BATCHES):
@@ -505,7 +506,7 @@ def _rescale(
     update: dict[str, Any] = {"lag_history": {"run_id": run_id, "partitions": partitions, "points": [list(p) for p in points[-kept:]]}}
     if not progress:
         return None, f"no progress of a job run on the topic yet (run id {run_id})", update
-    timed = settings.runs_dir / run_id / "task_seconds.json"
+    timed = RunDir.of(settings.runs_dir, run_id).task_seconds
     try:
         task_seconds = json.loads(timed.read_text(encoding="utf-8")) if timed.is_file() else None
     except ValueError:  # being written at the run's end
@@ -632,7 +633,6 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> d
     """
     from keyshift.migration.switch import SwitchControl, refuse_unstarted_run
     from keyshift.monitoring.loads import latest_job_run
-    from keyshift.processing.job_record import JOB_RECORD_FILE
 
     run_id = request.run_id or latest_job_run(client, request.topic)
     if run_id is None:
@@ -641,7 +641,7 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> d
     record = client.hgetall(names.redis_run_key(run_id))
     if not record:
         raise ConfigurationError(f"run {run_id!r} has no record {names.redis_run_key(run_id)} in Redis; name a run the job recorded")
-    if record.get("state") in ("starting", "running", "restarting") and not (settings.runs_dir / run_id / JOB_RECORD_FILE).exists():
+    if record.get("state") in ("starting", "running", "restarting") and not RunDir.of(settings.runs_dir, run_id).job_record.exists():
         refuse_unstarted_run(settings, run_id)  # alive and not started: SwitchNotReady; else why not
     if record.get("state") != "running":
         which = "" if request.run_id else f"the latest job run on topic {request.topic!r}, "

@@ -23,6 +23,7 @@ from typing import Any
 
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.settings import PROJECT_ROOT, Settings
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +168,12 @@ def job_topic(job: str | None = None) -> str:
 
 def run_dir(settings: Settings, run_id: str) -> Path:
     """`runs/<run_id>/`: the folder of one job run (summary, progress, driver log)."""
-    return Path(settings.runs_dir) / run_id
+    return RunDir.of(settings.runs_dir, run_id).path
 
 
 def summary_path(settings: Settings, run_id: str) -> Path:
     """`runs/<run_id>/summary.json`, written by the job when it finishes."""
-    return run_dir(settings, run_id) / "summary.json"
+    return RunDir.of(settings.runs_dir, run_id).summary
 
 
 DRIVER_NAME = "driver"
@@ -675,7 +676,7 @@ def write_pipeline_record(settings: Settings, run_id: str, record: Mapping[str, 
     Returns:
         The file's path. The write is atomic (temp file, then rename).
     """
-    path = run_dir(settings, run_id) / "pipeline.json"
+    path = RunDir.of(settings.runs_dir, run_id).pipeline
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")

@@ -16,8 +16,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from keyshift.orchestration.pipeline import is_bounded, run_dir, summary_path, write_pipeline_record
+from keyshift.orchestration.pipeline import is_bounded, summary_path, write_pipeline_record
 from keyshift.settings import Settings
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def check_run_quality(settings: Settings, run_id: str, params: Mapping[str, Any]
 
 def _record(settings: Settings, run_id: str, quality: Mapping[str, Any]) -> None:
     """Add `quality` to `runs/<run_id>/pipeline.json` (written by `verify_summary`)."""
-    path = run_dir(settings, run_id) / "pipeline.json"
+    path = RunDir.of(settings.runs_dir, run_id).pipeline
     try:
         record = json.loads(path.read_text()) if path.is_file() else {"run_id": run_id}
     except json.JSONDecodeError:

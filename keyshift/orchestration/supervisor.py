@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keyshift.errors import ConfigurationError
+from keyshift.names import RunDir
 
 if TYPE_CHECKING:
     from keyshift.settings import Settings
@@ -189,13 +190,13 @@ class SupervisorSpec:
 
 def spec_path(run_home: Path) -> Path:
     """`runs/<run_id>/run/supervisor.json`: the spec of the run's supervisor."""
-    return run_home / "run" / "supervisor.json"
+    return RunDir(run_home).supervisor_spec
 
 
 def has_checkpoint(run_home: Path) -> bool:
     """Whether the run has a checkpoint to resume from: the driver's own rule for `--resume`
     (`runs/<run_id>/checkpoint/offsets` exists, written when its query starts)."""
-    return (run_home / "checkpoint" / "offsets").exists()
+    return (RunDir(run_home).checkpoint() / "offsets").exists()
 
 
 def restart_history(record: dict[str, str]) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from keyshift.errors import JobError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import WINDOW_COLUMNS
 from keyshift.topics import END_OF_INPUT_PREFIX
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def run_builtin_windows(
         builtin_window_stream(kafka_rows, marker_run_id, bound_ms, end_offsets)
         .writeStream.outputMode("append")
         .foreachBatch(write)
-        .option("checkpointLocation", str(out_dir.parent / "builtin_checkpoint"))
+        .option("checkpointLocation", str(out_dir.parent / RunDir.BUILTIN_CHECKPOINT))
         .start()
     )
     final_watermark_ms = marker_end_ms - bound_ms

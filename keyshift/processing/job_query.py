@@ -36,7 +36,7 @@ from keyshift.eventtime.partition_clocks import DEFAULT_IDLE_TIMEOUT_S
 from keyshift.eventtime.plausibility import PlausibilityLimits
 from keyshift.eventtime.watermarks import WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
-from keyshift.names import FLIGHTS_TOPIC
+from keyshift.names import FLIGHTS_TOPIC, RunDir
 from keyshift.placement.learning import LEARNED_STRATEGIES
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.operators.ingest import (
@@ -232,7 +232,7 @@ def default_checkpoint_dir(run_id: str) -> Path:
     `keyshift.runtime.driver.run_job` puts a run's checkpoint."""
     from keyshift.settings import Settings
 
-    return Settings().runs_dir / run_id / "checkpoint"
+    return RunDir.of(Settings().runs_dir, run_id).checkpoint()
 
 
 def job_stream(

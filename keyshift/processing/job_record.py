@@ -8,33 +8,129 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 
 from keyshift.errors import ConfigurationError
+from keyshift.names import RunDir
 from keyshift.processing.job_query import JobConfig
 
 
 log = logging.getLogger(__name__)
 
-JOB_RECORD_FILE = "job.json"
-"""`runs/<run_id>/job.json`: what a run was started with (its config, concrete start offsets and
-the replay record it read), written before its query starts; `--resume` runs from it."""
+# `runs/<run_id>/job.json` (`RunDir.job_record`): what a run was started with (its config, concrete
+# start offsets and the replay record it read), written before its query starts; `--resume` runs from it.
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One streaming query of a run: its checkpoint and what it places with.
+
+    A switch (`keyshift.migration.in_driver`) ends a segment at a batch boundary and appends the
+    next; the run's ledger, windows table and reconciliation span them all. Stored in the run's
+    job record (`RunDir.job_record`, key `segments`) by `as_json`, read back by `from_json`; the
+    JSON keys are the attribute names.
+
+    Attributes:
+        index: 0 for the run's first query, then one more per switch.
+        checkpoint: the query's checkpoint folder under the run (`RunDir.checkpoint_name(index)`).
+        strategy: the placement strategy's name. partitions: P, the slots. epoch: the strategy's
+            epoch. assignment: a learned strategy's key -> slot (None for hash, modulo).
+        stateful_partitions: S, the query's `spark.sql.shuffle.partitions`; None in records from
+            before it (S = P).
+        split: hot_split's key -> slots, or None.
+        topic: the input topic.
+        start_offsets: partition -> Kafka offset where the query starts reading.
+        batch_base: the run-wide id of the query's batch 0.
+        watermark_floor_ms: ms of event time below which the query's watermark never goes (the
+            old query's watermark at the cut; 0 for the first).
+        initial_state: the migrated state's file, relative to the run folder
+            (`RunDir.migrated_state_name`), or None.
+        switch_id: the switch that started the query, or None.
+        marker_floor: after a switch, partition -> the topic's end offset when the segment was
+            made: the run's end-of-input markers below it are ignored by its query; None (not
+            stored) for a first segment.
+    """
+
+    index: int
+    checkpoint: str
+    strategy: str
+    partitions: int
+    stateful_partitions: int | None
+    epoch: int
+    assignment: dict[str, int] | None
+    split: dict[str, list[int]] | None
+    topic: str
+    start_offsets: dict[int, int]
+    batch_base: int
+    watermark_floor_ms: int = 0
+    initial_state: str | None = None
+    switch_id: str | None = None
+    marker_floor: dict[int, int] | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Segment":
+        """A segment from its job-record JSON (offsets' partition keys as text; `stateful_partitions`
+        and `marker_floor` may be absent).
+
+        Raises:
+            ConfigurationError: a required key is missing or malformed.
+        """
+        try:
+            floor = raw.get("marker_floor")
+            stateful = raw.get("stateful_partitions")
+            return cls(
+                index=int(raw["index"]), checkpoint=str(raw["checkpoint"]), strategy=str(raw["strategy"]),
+                partitions=int(raw["partitions"]), stateful_partitions=int(stateful) if stateful is not None else None,
+                epoch=int(raw["epoch"]), assignment=raw.get("assignment"),
+                split={k: list(v) for k, v in raw["split"].items()} if raw.get("split") else None, topic=str(raw["topic"]),
+                start_offsets={int(p): int(o) for p, o in raw["start_offsets"].items()}, batch_base=int(raw["batch_base"]),
+                watermark_floor_ms=int(raw.get("watermark_floor_ms") or 0), initial_state=raw.get("initial_state"),
+                switch_id=raw.get("switch_id"),
+                marker_floor={int(p): int(o) for p, o in floor.items()} if floor is not None else None,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigurationError(f"a segment of the job record is malformed ({type(exc).__name__}: {exc}): {dict(raw)}") from exc
+
+    def as_json(self) -> dict[str, Any]:
+        """The segment as stored in the job record (offsets' partitions as text keys, sorted)."""
+        raw: dict[str, Any] = {
+            "index": self.index, "checkpoint": self.checkpoint, "strategy": self.strategy, "partitions": self.partitions,
+            "stateful_partitions": self.stateful_partitions, "epoch": self.epoch, "assignment": self.assignment,
+            "split": self.split, "topic": self.topic,
+            "start_offsets": {str(p): o for p, o in sorted(self.start_offsets.items())}, "batch_base": self.batch_base,
+            "watermark_floor_ms": self.watermark_floor_ms, "initial_state": self.initial_state, "switch_id": self.switch_id,
+        }
+        if self.marker_floor is not None:
+            raw["marker_floor"] = {str(p): int(o) for p, o in sorted(self.marker_floor.items())}
+        return raw
+
+    @property
+    def split_slots(self) -> dict[str, tuple[int, ...]] | None:
+        """hot_split's key -> slots as tuples (the form `JobConfig.split` takes), or None."""
+        return {k: tuple(v) for k, v in (self.split or {}).items()} or None
+
+    def config(self, config: JobConfig) -> JobConfig:
+        """The run's `config` with this segment's placement (strategy, P, S, epoch, assignment, split)."""
+        return replace(config, strategy=self.strategy, partitions=self.partitions,
+                       max_stateful_partitions=self.stateful_partitions, epoch=self.epoch,
+                       assignment=self.assignment, split=self.split_slots)
 
 
 def save_job_record(
-    run_dir: Path, config: JobConfig, start: dict[int, int], replay: dict[str, str], segments: list[dict[str, Any]] | None = None
+    run_dir: Path, config: JobConfig, start: dict[int, int], replay: dict[str, str], segments: list[Segment] | None = None
 ) -> Path:
-    """Write the run's job record atomically (see `JOB_RECORD_FILE`); returns its path.
+    """Write the run's job record atomically (`RunDir.job_record`); returns its path.
 
     `segments` are the run's queries in order (`first_segment`; a switch appends one); None
     keeps the record's current segments (or makes the first one for a new record). A bounded
     run's input end (`config.end_offsets`), once in the record, is kept when `config` has none
     (`InputEnd` fixes it while the query runs).
     """
-    path = run_dir / JOB_RECORD_FILE
+    path = RunDir(Path(run_dir)).job_record
     if segments is None:
         segments = load_segments(run_dir) if path.exists() else [first_segment(config, start)]
     if config.end_offsets is None and path.exists():  # a bounded run's end, once fixed (`InputEnd`), stays
@@ -42,69 +138,38 @@ def save_job_record(
         if known is not None:
             config = replace(config, end_offsets={int(p): int(o) for p, o in known.items()})
     record = {"config": asdict(config), "start_offsets": {str(p): o for p, o in sorted(start.items())}, "replay": replay,
-              "segments": segments}
+              "segments": [segment.as_json() for segment in segments]}
     partial = path.with_suffix(".tmp")
     partial.write_text(json.dumps(record, indent=1, sort_keys=True))
     partial.replace(path)
     return path
 
 
-def first_segment(config: JobConfig, start: dict[int, int]) -> dict[str, Any]:
-    """The run's first segment: one streaming query, its checkpoint and what it places with.
-
-    A segment is what one query of the run does: `checkpoint` (folder name under the run),
-    `strategy`, `partitions`, `stateful_partitions` (S, the query's `spark.sql.shuffle.partitions`;
-    absent in runs from before it: S = P), `epoch`, `assignment`, `split`, `topic`,
-    `start_offsets` (partition -> offset, as text keys), `batch_base` (the run-wide id of its batch 0),
-    `watermark_floor_ms`, `initial_state` (the migrated state's file under the run, or None) and
-    `switch_id` (the switch that started it). A switch (`keyshift.migration.switch`) ends a
-    segment at a batch boundary and appends the next; the run's ledger, windows table and
-    reconciliation span them all.
-    """
-    return {
-        "index": 0, "checkpoint": "checkpoint", "strategy": config.strategy, "partitions": config.partitions,
-        "stateful_partitions": config.stateful_partitions, "epoch": config.epoch, "assignment": config.assignment,
-        "split": {k: list(v) for k, v in (config.split or {}).items()} or None, "topic": config.topic,
-        "start_offsets": {str(p): o for p, o in sorted(start.items())}, "batch_base": 0, "watermark_floor_ms": 0,
-        "initial_state": None, "switch_id": None,
-    }
+def first_segment(config: JobConfig, start: dict[int, int]) -> Segment:
+    """The run's first segment (`Segment`): its first query, checkpoint `checkpoint`, batch base 0."""
+    return Segment(
+        index=0, checkpoint=RunDir.checkpoint_name(0), strategy=config.strategy, partitions=config.partitions,
+        stateful_partitions=config.stateful_partitions, epoch=config.epoch, assignment=config.assignment,
+        split={k: list(v) for k, v in (config.split or {}).items()} or None, topic=config.topic,
+        start_offsets=dict(start), batch_base=0,
+    )
 
 
-def load_segments(run_dir: Path) -> list[dict[str, Any]]:
+def load_segments(run_dir: Path) -> list[Segment]:
     """The segments of a started run, oldest first (a record from before switches: one segment
     made from its config and start offsets).
 
     Raises:
-        ConfigurationError: the run has no job record.
+        ConfigurationError: the run has no job record, or a segment in it is malformed.
     """
-    path = run_dir / JOB_RECORD_FILE
+    path = RunDir(Path(run_dir)).job_record
     if not path.exists():
-        raise ConfigurationError(f"run folder {run_dir} has no {JOB_RECORD_FILE}: there is no started run there")
+        raise ConfigurationError(f"run folder {run_dir} has no {RunDir.JOB_RECORD}: there is no started run there")
     record = json.loads(path.read_text())
     if record.get("segments"):
-        return record["segments"]
+        return [Segment.from_json(raw) for raw in record["segments"]]
     config, start, _ = load_job_record(run_dir)
     return [first_segment(config, start)]
-
-
-def segment_config(config: JobConfig, segment: dict[str, Any]) -> JobConfig:
-    """The run's config with the placement of `segment` (strategy, P, S, epoch, assignment, split)."""
-    split = {k: tuple(v) for k, v in (segment.get("split") or {}).items()} or None
-    stateful = segment.get("stateful_partitions")
-    return replace(config, strategy=segment["strategy"], partitions=int(segment["partitions"]),
-                   max_stateful_partitions=int(stateful) if stateful is not None else None, epoch=int(segment["epoch"]),
-                   assignment=segment.get("assignment"), split=split)
-
-
-def segment_start(segment: dict[str, Any]) -> dict[int, int]:
-    """Where `segment`'s query starts reading, partition -> offset."""
-    return {int(p): int(o) for p, o in segment["start_offsets"].items()}
-
-
-def marker_floor(segment: dict[str, Any]) -> dict[int, int]:
-    """`segment`'s marker floor, partition -> offset (empty for a run's first segment): the
-    run's end-of-input markers below it are ignored by its query."""
-    return {int(p): int(o) for p, o in (segment.get("marker_floor") or {}).items()}
 
 
 def load_job_record(run_dir: Path) -> tuple[JobConfig, dict[int, int], dict[str, str]]:
@@ -114,9 +179,9 @@ def load_job_record(run_dir: Path) -> tuple[JobConfig, dict[int, int], dict[str,
         ConfigurationError: the run has no job record (it never started, or is not a run of
             this keyshift version).
     """
-    path = run_dir / JOB_RECORD_FILE
+    path = RunDir(Path(run_dir)).job_record
     if not path.exists():
-        raise ConfigurationError(f"run folder {run_dir} has no {JOB_RECORD_FILE}: there is no started run to resume there")
+        raise ConfigurationError(f"run folder {run_dir} has no {RunDir.JOB_RECORD}: there is no started run to resume there")
     record = json.loads(path.read_text())
     known = {f.name for f in fields(JobConfig)}
     raw = {k: v for k, v in record["config"].items() if k in known}

@@ -22,6 +22,7 @@ from keyshift.errors import QualityError
 from keyshift.jobs.flight_delays import WINDOW_COLUMNS, WINDOW_TABLE_SCHEMA, window_alerts
 from keyshift.quality.suites import ALERT_DERIVED_COLUMNS, ALERT_FIELDS, RECONCILIATION_COLUMNS, YSB_WINDOW_COLUMNS
 from keyshift.settings import Settings
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def read_windows(run_dir: Path, job: str | None = None) -> pd.DataFrame:
         The table's rows (UTC timestamps); no rows, with the job's columns (`WINDOW_COLUMNS`, or
         `YSB_WINDOW_COLUMNS` for ysb), when the run wrote no window (no folder or no file yet).
     """
-    folder = Path(run_dir) / "windows"
+    folder = RunDir(Path(run_dir)).windows
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
         if job == "ysb":
@@ -66,7 +67,7 @@ def read_windows(run_dir: Path, job: str | None = None) -> pd.DataFrame:
 def read_job(run_dir: Path) -> dict[str, Any]:
     """The run's job record `run_dir/job.json` (config, start offsets, the replay record it read),
     or `{}` for a run folder without one (a run from before job records; treated as flights)."""
-    path = Path(run_dir) / "job.json"
+    path = RunDir(Path(run_dir)).job_record
     if not path.is_file():
         return {}
     try:
@@ -110,7 +111,7 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
         QualityError: the file is missing (the run has not finished) or is not a JSON object;
             the message names the path.
     """
-    path = Path(run_dir) / "summary.json"
+    path = RunDir(Path(run_dir)).summary
     if not path.is_file():
         raise QualityError(f"run folder {run_dir} has no summary.json: the run has not finished, or the run id is wrong")
     try:
@@ -125,7 +126,7 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 def first_batch_time_ms(run_dir: Path) -> int | None:
     """The `timestamp_ms` of the run's first progress record (`progress.jsonl`), if any: a time
     before any of the run's side-output records was produced."""
-    path = Path(run_dir) / "progress.jsonl"
+    path = RunDir(Path(run_dir)).progress
     if not path.is_file():
         return None
     with path.open() as lines:

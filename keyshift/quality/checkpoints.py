@@ -24,7 +24,7 @@ import pandas as pd
 
 from keyshift.errors import QualityError
 from keyshift.eventtime.windows import HOUR_MS
-from keyshift.names import ALERTS_TOPIC
+from keyshift.names import ALERTS_TOPIC, RunDir
 from keyshift.quality import batches
 from keyshift.quality.context import data_docs_dir, open_context
 from keyshift.quality.suites import (
@@ -271,7 +271,7 @@ def validate_frames(
         run_id=run_id, success=all(r.success for r in results), suites=results,
         data_docs=str(data_docs_dir(run_dir) / "index.html"), parameters=parameters,
     )
-    path = Path(run_dir) / "quality.json"
+    path = RunDir(Path(run_dir)).quality
     path.write_text(json.dumps(report.as_dict(), indent=2, sort_keys=True) + "\n")
     log.info("run %s: data quality %s (%d failed expectations); Data Docs %s", run_id,
              "passed" if report.success else "FAILED", len(report.failed), report.data_docs)

@@ -52,7 +52,7 @@ from keyshift.runtime.driver_switch import (
     switch_held_for_markers
 )
 from keyshift.processing.job_record import (
-    load_job_record, load_segments, marker_floor, save_job_record, segment_config, segment_start
+    Segment, load_job_record, load_segments, save_job_record
 )
 from keyshift.processing.sources.kafka_input import (
     InputEnd, concrete_offsets, covers, ensure_side_output_topics, input_reached, kafka_offsets, marker_room, read_kafka,
@@ -63,6 +63,7 @@ from keyshift.runtime.run_summary import (
     task_time_summary
 )
 from keyshift.processing.spark_checkpoint import committed_batches, pending_events, planned_offsets
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def run_job(
     from keyshift.stack import require
 
     run_dir = settings.runs_dir / config.run_id
-    checkpoint = run_dir / "checkpoint"
+    checkpoint = RunDir(run_dir).checkpoint()
     has_checkpoint = (checkpoint / "offsets").exists()
     if resume and not has_checkpoint:
         raise ConfigurationError(f"run {config.run_id!r} has no checkpoint at {checkpoint} to resume from; start it without --resume")
@@ -202,7 +203,7 @@ def run_job(
             side_outputs.close()
             bar.close()
         last = segments[-1]
-        checkpoint = run_dir / last["checkpoint"]
+        checkpoint = RunDir(run_dir).checkpoint(last.checkpoint)
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
         if config.spec.key_windows:
             pending = kept_events(spark, checkpoint)
@@ -211,9 +212,9 @@ def run_job(
         else:
             pending = pending_events(spark, checkpoint, aggregates=len(config.spec.aggregates)) + (sink.pieces.held_events() if sink.pieces is not None else 0)
         _, consumed = committed_batches(checkpoint, config.topic)
-        consumed = consumed or segment_start(last)
+        consumed = consumed or dict(last.start_offsets)
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
-        config = replace(segment_config(config, last), end_offsets=input_end.offsets)
+        config = replace(last.config(config), end_offsets=input_end.offsets)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
         summary.update(attempts_summary(recorder, summary["events_read"], wall_seconds))
         summary.update(task_time_summary(task_times.times, config.partitions, config.stateful_partitions, config.source_tasks))
@@ -225,7 +226,7 @@ def run_job(
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
         summary["resumes"] = recorder.resumes()
         summary["segments"] = len(segments)
-        summary["switches"] = [s["switch_id"] for s in segments if s.get("switch_id")]
+        summary["switches"] = [s.switch_id for s in segments if s.switch_id]
         summary["outcome"] = watch.get("outcome")  # done: drained to its end; stopped: SIGTERM or Ctrl-C
         if config.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
@@ -284,28 +285,28 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
     watch: dict[str, Any] | None = None
     while True:
         segment = segments[-1]
-        seg_config = segment_config(config, segment)
+        seg_config = segment.config(config)
         if seg_config.assignment is not None:
             seg_config = replace(seg_config, redis_url=settings.redis_url)
-        checkpoint = run_dir / segment["checkpoint"]
-        recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment["index"])
+        checkpoint = RunDir(run_dir).checkpoint(segment.checkpoint)
+        recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment.index)
         spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.stateful_partitions))
         if spec.key_windows:
             sink = KeyWindowSink(spec, SlidingWindow(seg_config.window_ms, spec.slide_ms), run_dir, config.run_id, seg_config.epoch,
-                                 seg_config.partitions, side_outputs, batch_base=int(segment["batch_base"]))
+                                 seg_config.partitions, side_outputs, batch_base=segment.batch_base)
         else:
-            pieces = PieceAssembler(spec, run_dir / "pieces", seg_config.split, int(segment["batch_base"])) \
+            pieces = PieceAssembler(spec, RunDir(run_dir).pieces, seg_config.split, segment.batch_base) \
                 if config.watermark_policy.per_key else None
             sink = KeyedWindowSink(spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
-                                   side_outputs, batch_base=int(segment["batch_base"]), pieces=pieces)
-        initial = initial_state_frame(spark, run_dir / segment["initial_state"], variables) if segment.get("initial_state") else None
+                                   side_outputs, batch_base=segment.batch_base, pieces=pieces)
+        initial = initial_state_frame(spark, run_dir / segment.initial_state, variables) if segment.initial_state else None
         stream = job_stream(
-            read_kafka(spark, settings, config.topic, segment_start(segment), config.max_offsets_per_trigger,
+            read_kafka(spark, settings, config.topic, dict(segment.start_offsets), config.max_offsets_per_trigger,
                        config.max_partition_drift_ms, spec.event_time_field), seg_config,
-            checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=int(segment.get("watermark_floor_ms") or 0),
-            marker_floor=segment.get("marker_floor"), clocks_dir=run_dir, batch_base=int(segment["batch_base"]),
+            checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=segment.watermark_floor_ms,
+            marker_floor=segment.marker_floor, clocks_dir=run_dir, batch_base=segment.batch_base,
         )
-        query_name = f"flight_delays_{config.run_id}_{segment['index']}".replace("-", "_")
+        query_name = f"flight_delays_{config.run_id}_{segment.index}".replace("-", "_")
         batch_function = sink
         if config.exchange == "global_merge":
             from keyshift.placement.tokens import slot_tokens
@@ -316,22 +317,22 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                 state.clear()  # a new run: nothing of an earlier run under this id may count
             batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.watermark_policy.spark_delay_ms,
                                              seg_config.window_ms, slot_tokens(seg_config.partitions, seg_config.stateful_partitions),
-                                             int(segment.get("watermark_floor_ms") or 0))
-        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, int(segment["batch_base"]), config.partition_idle_timeout_s,
+                                             segment.watermark_floor_ms)
+        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, segment.batch_base, config.partition_idle_timeout_s,
                                         lambda: input_end.offsets)
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
-        task_times.follow(query_name, int(segment["batch_base"]), seg_config.partitions, seg_config.stateful_partitions,
+        task_times.follow(query_name, segment.batch_base, seg_config.partitions, seg_config.stateful_partitions,
                           seg_config.source_tasks)
-        if record is not None and record.get("switch_id") == segment.get("switch_id") and record.get("state") not in ("done", "failed", "rolled_back"):
+        if record is not None and record.get("switch_id") == segment.switch_id and record.get("state") not in ("done", "failed", "rolled_back"):
             record["query_started_at"] = time.time()
             if record.get("published_at"):
                 record.setdefault("step_seconds", {})["start_query"] = round(record["query_started_at"] - float(record["published_at"]), 3)
             control.save(record)
         log.info("run %s: query started: %s (strategy %s, P=%d on %d stateful partitions, epoch %d, %s watermark, bound %d ms, "
                  "batch base %d)", config.run_id, query_name, seg_config.strategy, seg_config.partitions, seg_config.stateful_partitions,
-                 seg_config.epoch, config.watermark, config.bound_ms, int(segment["batch_base"]), extra=STEP)
+                 seg_config.epoch, config.watermark, config.bound_ms, segment.batch_base, extra=STEP)
         switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
-            and record.get("switch_id") == segment.get("switch_id") else None
+            and record.get("switch_id") == segment.switch_id else None
 
         def finish_switch(rec, first_commit_at=None, segment=segment, sink=sink):
             """Verify switch `rec` once this segment's query committed a batch (at `first_commit_at`,
@@ -393,7 +394,7 @@ def _global_merge_state(settings: Settings, config: JobConfig):
 
 def _watch(
     query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: JobConfig, input_end: InputEnd,
-    stop_requested, checkpoint: Path, segment: dict[str, Any], control, state: dict[str, Any] | None,
+    stop_requested, checkpoint: Path, segment: Segment, control, state: dict[str, Any] | None,
     switching: dict[str, Any] | None, finish_switch, save_end,
 ) -> dict[str, Any]:
     """Follow the query batch by batch, publish progress, and decide when a run is done.
@@ -407,21 +408,21 @@ def _watch(
     bounded run whose input end is not known yet polls the topic for it (`InputEnd.poll`) and
     `save_end()` records it in the job record once found.
     """
-    base = int(segment["batch_base"])
+    base = segment.batch_base
     committed, consumed = committed_batches(checkpoint, config.topic)
-    consumed = consumed or segment_start(segment)
+    consumed = consumed or dict(segment.start_offsets)
     seen: set[int] = set(committed)
     if state is None:  # this attempt's first query
         state = {"records_read": 0, "last_batch_at": None, "markers_end": None, "batches": 0, "watermark_ms": None}
         state["batches"] = len(sink.ledger.batches())
         recorder.start_attempt(recorder.attempt_started_at or time.time(), sink.counters.processed_events)
     state["outcome"] = None
-    if state["markers_end"] is not None and covers(segment_start(segment), state["markers_end"]):
+    if state["markers_end"] is not None and covers(segment.start_offsets, state["markers_end"]):
         # a switch cut the run after the batch that read its end-of-input markers, before the
         # windows they close were emitted: this query starts past them, so it gets markers of its own
         log.info("run %s: the end-of-input markers were read before this segment's start; writing them again", config.run_id)
         state["markers_end"] = None
-    elif state["markers_end"] is not None and covers(marker_floor(segment), state["markers_end"]):
+    elif state["markers_end"] is not None and covers(segment.marker_floor or {}, state["markers_end"]):
         # a switch cut the run before the batch that read them: they sit among this query's input
         # (alone in a partition added for a larger P, read before other partitions' last events),
         # so this query ignores them (`IngestContext.marker_floor`) and gets markers of its own

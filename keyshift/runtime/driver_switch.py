@@ -14,6 +14,7 @@ from typing import Any
 
 from keyshift.console import STEP
 from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_record import Segment
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
 from keyshift.processing.outputs.sinks import KeyedWindowSink
 from keyshift.processing.sources.kafka_input import covers, input_reached, marker_room
@@ -42,18 +43,18 @@ def refuse_switch(control, record: dict[str, Any], job: str, exchange: str = "lo
     return None
 
 
-def conservation_check(spark, run_dir: Path, segments: list[dict[str, Any]], sink: KeyedWindowSink):
+def conservation_check(spark, run_dir: Path, segments: list[Segment], sink: KeyedWindowSink):
     """The flight job's check that a switch conserved its events: pending events at the cut +
     events processed in the new query's first batch - events that batch accounted for (windows,
     late, dead letters) = pending events after it."""
     def check() -> dict[str, Any]:
         old, new = segments[-2], segments[-1]
-        first = int(new["batch_base"])
+        first = new.batch_base
         held = sink.pieces.held_events if sink.pieces is not None else (lambda batch_id: 0)
         aggregates = len(sink.spec.aggregates)
-        before = pending_events(spark, run_dir / old["checkpoint"], aggregates=aggregates) + held(first - 1)
-        after = pending_events(spark, run_dir / new["checkpoint"], batch_id=0, aggregates=aggregates) + held(first)
-        batch = next((b for b in sink.ledger.batches() if b.batch_id == int(new["batch_base"])), None)
+        before = pending_events(spark, run_dir / old.checkpoint, aggregates=aggregates) + held(first - 1)
+        after = pending_events(spark, run_dir / new.checkpoint, batch_id=0, aggregates=aggregates) + held(first)
+        batch = next((b for b in sink.ledger.batches() if b.batch_id == new.batch_base), None)
         processed = batch.processed_events if batch else 0
         accounted = batch.accounted_events if batch else 0
         return {"pending_before": before, "processed_first_batch": processed, "accounted_first_batch": accounted,
@@ -62,7 +63,7 @@ def conservation_check(spark, run_dir: Path, segments: list[dict[str, Any]], sin
     return check
 
 
-def switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> bool:
+def switch_held_for_markers(segment: Segment, state: dict[str, Any]) -> bool:
     """True while a test's failpoint holds the run's n-th switch (n = this segment's index + 1).
 
     `switch.after_markers_read@n`: until a completed batch has read the end-of-input markers, so
@@ -75,7 +76,7 @@ def switch_held_for_markers(segment: dict[str, Any], state: dict[str, Any]) -> b
     (`keyshift.processing.failpoints`)."""
     if FAILPOINT_ENV not in os.environ:
         return False
-    number = int(segment["index"]) + 1
+    number = segment.index + 1
     if armed() == ("switch.after_markers_read", number):
         return state["markers_end"] is None or not covers(state["consumed"], state["markers_end"])
     if armed() == ("switch.before_markers_batch", number):
@@ -121,21 +122,21 @@ def settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, 
                     config.run_id, switching.get("switch_id"), exc)
 
 
-def hold_new_query_batch(sink, segment: dict[str, Any], switching: dict[str, Any] | None) -> None:
+def hold_new_query_batch(sink, segment: Segment, switching: dict[str, Any] | None) -> None:
     """Failpoint `switch.hold_first_batch@n` (n = this segment's index, the run's n-th switch): the
     sink holds the first batch of switch n's new query for `HOLD_SECONDS` after its outputs, so
     that a stop asked meanwhile comes before the switch is verified. A no-op outside tests."""
-    if FAILPOINT_ENV in os.environ and switching is not None and armed() == ("switch.hold_first_batch", int(segment["index"])):
-        sink.hold_after_outputs_of = int(segment["batch_base"])
+    if FAILPOINT_ENV in os.environ and switching is not None and armed() == ("switch.hold_first_batch", segment.index):
+        sink.hold_after_outputs_of = segment.batch_base
 
 
-def hold_markers_batch(sink, segment: dict[str, Any], config: JobConfig, target: dict[int, int] | None,
+def hold_markers_batch(sink, segment: Segment, config: JobConfig, target: dict[int, int] | None,
                         checkpoint: Path) -> None:
     """Failpoint `switch.before_markers_batch@n` (n = this segment's index + 1): the sink holds
     the batch planned to the input's end (the one after which the driver writes the markers)
     until switch n's barrier refuses it, so that the cut comes right before it. A no-op outside
     tests and in runs without `--limit`."""
-    if FAILPOINT_ENV not in os.environ or target is None or armed() != ("switch.before_markers_batch", int(segment["index"]) + 1):
+    if FAILPOINT_ENV not in os.environ or target is None or armed() != ("switch.before_markers_batch", segment.index + 1):
         return
     room = marker_room(config.max_offsets_per_trigger, config.partitions)
     sink.hold_until_barrier = lambda: input_reached(target, {}, planned_offsets(checkpoint, config.topic), room)

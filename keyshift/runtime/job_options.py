@@ -15,7 +15,7 @@ from keyshift.eventtime.partition_clocks import DEFAULT_IDLE_TIMEOUT_S
 from keyshift.eventtime.watermarks import IDLE_FALLBACKS, WATERMARK_MODES, WatermarkPolicy
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs import job_names
-from keyshift.names import FLIGHTS_TOPIC
+from keyshift.names import FLIGHTS_TOPIC, RunDir
 from keyshift.processing.operators.exchange import EXCHANGES
 from keyshift.processing.job_query import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
@@ -158,7 +158,7 @@ def _check_resumed_job(run_id: str, job_name: str | None) -> None:
 
     if not job_name:
         return
-    path = Settings().runs_dir / run_id / "job.json"
+    path = RunDir.of(Settings().runs_dir, run_id).job_record
     if not path.is_file():
         return
     started = json.loads(path.read_text())["config"].get("job", "flight_delays")

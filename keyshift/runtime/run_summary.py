@@ -24,11 +24,13 @@ from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
 from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_record import Segment
 from keyshift.runtime.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.outputs.clocked_batches import partition_clock_summary
 from keyshift.processing.outputs.sinks import KeyedWindowSink
 from keyshift.processing.outputs.key_window_sink import KeyWindowSink, native_window_rows
 from keyshift.runs import RunRecorder, attempt_figures, read_jsonl
+from keyshift.names import RunDir
 
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ class TaskTimeRecorder(threading.Thread):
         super().__init__(daemon=True, name="task-times")
         self._ui = spark.sparkContext.uiWebUrl
         self._app = spark.sparkContext.applicationId
-        self._path = run_dir / "task_seconds.json"
+        self._path = RunDir(Path(run_dir)).task_seconds
         self._interval_s = interval_s
         self._stop_event = threading.Event()
         self._query: tuple[str, int, int, int | None, int | None] | None = None
@@ -125,11 +127,11 @@ def source_end_offsets(progress: dict[str, Any], topic: str) -> dict[int, int]:
 
 
 def publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config: JobConfig,
-                      segment: dict[str, Any], state: dict[str, Any], seen: set[int]) -> bool:
+                      segment: Segment, state: dict[str, Any], seen: set[int]) -> bool:
     """Publish a progress record for each batch of `query` not in `seen` (query batch ids);
     returns whether there was one. Updates `state`: batches, records read, consumed offsets,
     watermark, last batch time."""
-    base = int(segment["batch_base"])
+    base = segment.batch_base
     new = False
     # polled ten times a second: ask for the last progress only (one record over py4j), and for
     # every retained one (up to spark.sql.streaming.numRecentProgressUpdates) only when a batch
@@ -156,7 +158,7 @@ def publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config
                 "batch_id": base + batch_id,
                 "attempt": recorder.attempt,
                 "written_at": round(time.time(), 3),
-                "segment": segment["index"],
+                "segment": segment.index,
                 "epoch": config.epoch,
                 "strategy": config.strategy,
                 "input_rows": int(record.get("numInputRows", 0)),

@@ -29,6 +29,7 @@ from keyshift.settings import Settings
 from keyshift.ui import pages
 from keyshift.ui.auth import AccessDenied, Login, LoginRequired, airflow_login, check_request
 from keyshift.ui.store import Reader
+from keyshift.names import RunDir
 
 URL_PREFIX = "/keyshift"
 """Where the plugin mounts the app on the api-server."""
@@ -113,7 +114,7 @@ def create_app(settings: Callable[[], Settings] = Settings, login: Callable[[], 
     def data_docs(run_id: str, path: str) -> FileResponse:
         """A file of the run's Data Docs; 404 for anything outside `runs/<run_id>/data_docs/`."""
         runs_dir = settings().runs_dir.resolve()
-        base = (runs_dir / run_id / "data_docs").resolve()
+        base = RunDir.of(runs_dir, run_id).data_docs.resolve()
         target = (base / (path or "index.html")).resolve()
         if run_id.startswith(".") or base.parent.parent != runs_dir or not target.is_relative_to(base) or not target.is_file():
             raise HTTPException(status_code=404, detail=f"no Data Docs file {path!r} for run {run_id!r}")

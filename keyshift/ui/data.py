@@ -26,6 +26,7 @@ from typing import Any
 
 from keyshift.monitoring.balance import balance_degree, max_over_mean
 from keyshift.runs import read_jsonl  # noqa: F401 (the keyshift page reads run files through this module)
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def as_int(value: Any) -> int | None:
 def read_ledger(run_dir: Path) -> dict[int, list[int]]:
     """Per-slot events of each batch in the run's ledger `batches/<id>.json`: batch id -> events per slot."""
     loads = {}
-    for path in sorted((run_dir / "batches").glob("*.json")):
+    for path in sorted(RunDir(Path(run_dir)).ledger.glob("*.json")):
         record = read_json(path)
         if isinstance(record, dict) and isinstance(record.get("per_slot_events"), list):
             loads[int(record.get("batch_id", int(path.stem)))] = [int(v) for v in record["per_slot_events"]]
@@ -358,7 +359,7 @@ def _quality_from(document: Mapping[str, Any], source: str, run_dir: Path) -> Qu
             failures.extend(_failure_line(str(suite.get("suite")), f) for f in failed)
         suites.append(SuiteOutcome(str(suite.get("suite")), bool(suite.get("success", count == 0)), as_int(suite.get("rows")),
                                    as_int(suite.get("evaluated")), count))
-    docs = run_dir / "data_docs" / "index.html"
+    docs = RunDir(Path(run_dir)).data_docs / "index.html"
     return QualityResult(bool(document.get("success")), tuple(suites), "data_docs/index.html" if docs.is_file() else None, source,
                          tuple(failures))
 
@@ -368,10 +369,10 @@ def quality_result(run_dir: Path) -> QualityResult | None:
     demo) and `pipeline.json`'s `quality` (the pipeline's task) was written last; None when neither
     holds one (or the task was skipped)."""
     candidates = []
-    for name in ("quality.json", "pipeline.json"):
+    for name in (RunDir.QUALITY, RunDir.PIPELINE):
         path = run_dir / name
         document = read_json(path)
-        if name == "pipeline.json":
+        if name == RunDir.PIPELINE:
             document = (document or {}).get("quality") if isinstance(document, dict) else None
         if isinstance(document, dict) and not document.get("skipped") and "suites" in document:
             candidates.append((path.stat().st_mtime, name, document))

@@ -23,6 +23,7 @@ from keyshift import names
 from keyshift.errors import ConfigurationError, KeyshiftError
 from keyshift.settings import Settings
 from keyshift.ui import data
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class Reader:
         ids = set(self.run_records())
         if self.runs_dir.is_dir():
             for folder in self.runs_dir.iterdir():
-                if folder.is_dir() and any((folder / f).is_file() for f in ("job.json", "summary.json", "progress.jsonl")):
+                if folder.is_dir() and any((folder / f).is_file() for f in (RunDir.JOB_RECORD, RunDir.SUMMARY, RunDir.PROGRESS)):
                     ids.add(folder.name)
         return sorted(ids)
 
@@ -198,9 +199,9 @@ class Reader:
         """The list row of one run (reads its summary, job record and last progress line)."""
         run_dir = self.runs_dir / run_id
         record = self.run_records().get(run_id, {})
-        summary = data.read_json(run_dir / "summary.json")
+        summary = data.read_json(RunDir(run_dir).summary)
         summary = summary if isinstance(summary, dict) else None
-        job = data.read_json(run_dir / "job.json")
+        job = data.read_json(RunDir(run_dir).job_record)
         placement = data.in_force(job if isinstance(job, dict) else None, record or None, (), summary)
         started = data.as_float(record.get("started_at"))
         if started is None and run_dir.is_dir():
@@ -344,16 +345,16 @@ class Reader:
         record = self.run_records().get(run_id, {})
         if not record and not run_dir.is_dir():
             raise ConfigurationError(f"no run {run_id!r} in Redis nor in {self.runs_dir}")
-        summary = data.read_json(run_dir / "summary.json")
+        summary = data.read_json(RunDir(run_dir).summary)
         summary = summary if isinstance(summary, dict) else None
-        job = data.read_json(run_dir / "job.json")
+        job = data.read_json(RunDir(run_dir).job_record)
         job = job if isinstance(job, dict) else None
-        batches = data.batch_loads(data.read_jsonl(run_dir / "progress.jsonl"), data.read_ledger(run_dir))
+        batches = data.batch_loads(data.read_jsonl(RunDir(run_dir).progress), data.read_ledger(run_dir))
         topic = record.get("topic") or (summary or {}).get("topic") or ((job or {}).get("config") or {}).get("topic")
         return RunView(
             run_id=run_id, run_dir=run_dir, record=record, summary=summary,
             in_force=data.in_force(job, record or None, batches, summary), batches=tuple(batches),
-            task_seconds=data.task_seconds(data.read_json(run_dir / "task_seconds.json")),
+            task_seconds=data.task_seconds(data.read_json(RunDir(run_dir).task_seconds)),
             switches=tuple(self.switches(run_id)), quality=data.quality_result(run_dir),
             topic=self.topic(topic) if topic else None, redis_error=self.redis_error,
         )

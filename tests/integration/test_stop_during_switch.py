@@ -47,7 +47,7 @@ def test_a_stop_during_a_switchs_first_batch_finishes_the_switch(stack_settings,
                                     wait_timeout_s=600)
             held = "failpoint switch.hold_first_batch"
             wait_for(lambda: held in driver_log.read_text(errors="replace"), process, 600, "the new query's first batch, held")
-            base = int(load_segments(run_dir)[-1]["batch_base"])
+            base = load_segments(run_dir)[-1].batch_base
             assert not (run_dir / "checkpoint-1" / "commits" / "0").exists(), "the new query committed before the stop: no race"
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=300) == 0, driver_log.read_text(errors="replace")[-3000:]
@@ -59,8 +59,8 @@ def test_a_stop_during_a_switchs_first_batch_finishes_the_switch(stack_settings,
     assert record["state"] == "done" and record["step"] == "done", record
     assert SwitchControl.from_settings(stack_settings, run_id).pending() is None
     segments = load_segments(run_dir)
-    assert len(segments) == 2 and segments[-1]["strategy"] == "least_count"
-    commits = sorted(int(p.name) for p in (run_dir / segments[-1]["checkpoint"] / "commits").iterdir() if p.name.isdigit())
+    assert len(segments) == 2 and segments[-1].strategy == "least_count"
+    commits = sorted(int(p.name) for p in (run_dir / segments[-1].checkpoint / "commits").iterdir() if p.name.isdigit())
     assert commits == [0], commits  # the held batch was let finish and committed; nothing past it ran
     ledger = sorted(int(p.stem) for p in (run_dir / "batches").glob("*.json"))
     assert ledger[-1] == base, (ledger, base)

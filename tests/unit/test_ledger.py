@@ -75,19 +75,26 @@ def test_job_record_round_trip(tmp_path):
 
 
 def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
-    from keyshift.processing.job_record import load_segments, segment_config
+    import dataclasses
+    import json
+
+    from keyshift.processing.job_record import Segment, load_segments
 
     config = JobConfig(run_id="r2", partitions=32, max_stateful_partitions=8)
     assert config.stateful_partitions == 8
     save_job_record(tmp_path, config, {p: 0 for p in range(32)}, {})
     loaded, _, _ = load_job_record(tmp_path)
     [segment] = load_segments(tmp_path)
-    assert loaded.max_stateful_partitions == 8 and segment["stateful_partitions"] == 8
-    assert segment_config(loaded, segment).stateful_partitions == 8
+    assert loaded.max_stateful_partitions == 8 and segment.stateful_partitions == 8
+    assert segment.config(loaded).stateful_partitions == 8
     # a switch's segment at P = 4 runs min(4, 8) = 4; a segment of a run from before the cap has none: S = P
-    assert segment_config(loaded, {**segment, "partitions": 4, "stateful_partitions": 4}).stateful_partitions == 4
-    old = {k: v for k, v in segment.items() if k != "stateful_partitions"}
-    assert segment_config(loaded, old).stateful_partitions == 32
+    assert dataclasses.replace(segment, partitions=4, stateful_partitions=4).config(loaded).stateful_partitions == 4
+    old = {k: v for k, v in segment.as_json().items() if k != "stateful_partitions"}
+    assert Segment.from_json(old).config(loaded).stateful_partitions == 32
+    # the stored form is the JSON the job record has always had: offsets keyed by partition as text
+    stored = json.loads((tmp_path / "job.json").read_text())["segments"]
+    assert stored == [segment.as_json()] and stored[0]["start_offsets"]["31"] == 0 and "marker_floor" not in stored[0]
+    assert Segment.from_json(stored[0]) == segment
 
 
 def test_stateful_partitions_are_at_most_p():

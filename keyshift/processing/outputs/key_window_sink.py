@@ -34,6 +34,7 @@ from keyshift.processing.operators.key_window_processor import (
 from keyshift.processing.outputs.ledger import BatchCounts, run_totals
 from keyshift.processing.outputs.sinks import KeyedWindowSink
 from keyshift.jobs.spec import JobSpec
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class KeyWindowSink(KeyedWindowSink):
         counters: the run's totals (`keyshift.processing.outputs.ledger.RunCounters`, module docstring).
     """
 
-    TABLE = "key_windows"
+    TABLE = RunDir.KEY_WINDOWS
 
     def __init__(self, spec: JobSpec, window: SlidingWindow, run_dir: Path, run_id: str, epoch: int, partitions: int,
                  side_outputs=None, batch_base: int = 0) -> None:

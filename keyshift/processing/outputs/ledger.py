@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from keyshift.names import RunDir
+
 
 @dataclass
 class Counts:
@@ -99,7 +101,7 @@ class RunLedger:
     """
 
     def __init__(self, run_dir: Path) -> None:
-        self.dir = Path(run_dir) / "batches"
+        self.dir = RunDir(Path(run_dir)).ledger
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, batch_id: int) -> Path:

@@ -49,6 +49,7 @@ from keyshift.processing.outputs.pieces import PieceAssembler, merge_window_rows
 from keyshift.processing.operators.processor import KIND_DEAD_LETTER, KIND_LATE, KIND_LOAD, KIND_WATERMARK, KIND_WINDOW
 from keyshift.processing.operators.records import FILTERED
 from keyshift.jobs.spec import JobSpec, window_table_schema
+from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class KeyedWindowSink:
             from the ledger at construction).
     """
 
-    TABLE = "windows"
+    TABLE = RunDir.WINDOWS
     """The output table's folder under the run's folder."""
 
     def __init__(self, spec: JobSpec, run_dir: Path, run_id: str, epoch: int, partitions: int, side_outputs=None, batch_base: int = 0,
