@@ -346,7 +346,7 @@ def request_switch(
         StackError: Redis or Kafka unreachable.
     """
     from keyshift.jobs import job_spec
-    from keyshift.processing.job_record import load_segments
+    from keyshift.processing.job_record import JobRecord, load_segments
     from keyshift.processing.job_query import check_job_strategy
 
     if strategy is not None:
@@ -354,9 +354,9 @@ def request_switch(
     if partitions is not None and partitions < 1:
         raise ConfigurationError(f"partitions must be >= 1, got {partitions}")
     run_dir = settings.runs_dir / run_id
-    if not names.RunDir(run_dir).job_record.exists():
+    job = JobRecord.job_name(run_dir)
+    if job is None:
         refuse_unstarted_run(settings, run_id)  # always raises: not ready yet, or no run to switch
-    job = json.loads(names.RunDir(run_dir).job_record.read_text())["config"].get("job", "flight_delays")
     if job_spec(job).key_windows:
         raise ConfigurationError(f"run {run_id!r} runs job {job}, which computes key windows: switching a key-window job is not "
                                  "supported; stop it and start a new run with the other strategy or P")

@@ -1,7 +1,9 @@
 """A run's job record, `runs/<run_id>/job.json`: its config, start offsets, replay record and segments.
 
 Written before the run's query starts and whenever a switch appends a segment; `--resume` and the
-switch read it (`load_job_record`, `load_segments`). Split out of `keyshift.runtime.driver`.
+switch read it. `JobRecord` is the record and the one place it is read and written; `Segment`
+is one query of the run. (`keyshift.quality.batches.read_job` and the keyshift page read the
+file's JSON directly: they sit below the engine, or only display it.)
 """
 
 from __future__ import annotations
@@ -120,29 +122,107 @@ class Segment:
                        assignment=self.assignment, split=self.split_slots)
 
 
+@dataclass(frozen=True)
+class JobRecord:
+    """A run's job record, `runs/<run_id>/job.json` (`RunDir.job_record`), typed.
+
+    Read (`read`) and written (`write`) here only; `--resume`, a switch and the spark-submit
+    entry's job check go through this class.
+
+    Attributes:
+        config: the run's `JobConfig` (a bounded run's `end_offsets` once its input end is fixed).
+        start_offsets: partition -> Kafka offset where the run's first query started.
+        replay: the replay record the run read from Redis (text fields; empty when none).
+        segments: the run's queries, oldest first (`Segment`).
+    """
+
+    config: JobConfig
+    start_offsets: dict[int, int]
+    replay: dict[str, str]
+    segments: tuple[Segment, ...]
+
+    @classmethod
+    def read(cls, run_dir: Path | str) -> "JobRecord":
+        """The job record of the run in `run_dir` (a record from before switches gets one segment
+        made from its config and start offsets; config fields this version does not know are
+        ignored).
+
+        Raises:
+            ConfigurationError: the run has no job record (it never started its query, or is not
+                a run of this keyshift version), or the record is malformed.
+        """
+        raw = cls._raw(run_dir)
+        if raw is None:
+            raise ConfigurationError(f"run folder {run_dir} has no {RunDir.JOB_RECORD}: there is no started run there")
+        try:
+            known = {f.name for f in fields(JobConfig)}
+            values = {k: v for k, v in raw["config"].items() if k in known}
+            if values.get("end_offsets") is not None:
+                values["end_offsets"] = {int(p): int(o) for p, o in values["end_offsets"].items()}
+            if values.get("split") is not None:
+                values["split"] = {key: tuple(slots) for key, slots in values["split"].items()}
+            config = JobConfig(**values)
+            start = {int(p): int(o) for p, o in raw["start_offsets"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigurationError(f"the job record of {run_dir} is malformed ({type(exc).__name__}: {exc})") from exc
+        segments = tuple(Segment.from_json(s) for s in raw.get("segments") or ()) or (first_segment(config, start),)
+        return cls(config, start, raw.get("replay") or {}, segments)
+
+    @staticmethod
+    def _raw(run_dir: Path | str) -> dict[str, Any] | None:
+        path = RunDir(Path(run_dir)).job_record
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise ConfigurationError(f"{path} is not valid JSON ({exc})") from exc
+
+    @classmethod
+    def job_name(cls, run_dir: Path | str) -> str | None:
+        """The job (spec name) the run in `run_dir` was started with, or None when it has no job
+        record yet (`flight_delays` for a record from before the field).
+
+        Raises:
+            ConfigurationError: the record is not valid JSON.
+        """
+        raw = cls._raw(run_dir)
+        return None if raw is None else str((raw.get("config") or {}).get("job") or "flight_delays")
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as stored: `config` (the `JobConfig` fields), `start_offsets` (partitions
+        as text keys), `replay`, `segments` (`Segment.as_json`)."""
+        return {"config": asdict(self.config), "start_offsets": {str(p): o for p, o in sorted(self.start_offsets.items())},
+                "replay": self.replay, "segments": [segment.as_json() for segment in self.segments]}
+
+    def write(self, run_dir: Path | str) -> Path:
+        """Write the record atomically (a temporary file renamed over it); returns its path."""
+        path = RunDir(Path(run_dir)).job_record
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(self.as_json(), indent=1, sort_keys=True))
+        partial.replace(path)
+        return path
+
+
 def save_job_record(
     run_dir: Path, config: JobConfig, start: dict[int, int], replay: dict[str, str], segments: list[Segment] | None = None
 ) -> Path:
-    """Write the run's job record atomically (`RunDir.job_record`); returns its path.
+    """Write the run's job record (`JobRecord.write`); returns its path.
 
     `segments` are the run's queries in order (`first_segment`; a switch appends one); None
     keeps the record's current segments (or makes the first one for a new record). A bounded
     run's input end (`config.end_offsets`), once in the record, is kept when `config` has none
     (`InputEnd` fixes it while the query runs).
+
+    Raises:
+        ConfigurationError: the existing record is malformed.
     """
-    path = RunDir(Path(run_dir)).job_record
+    current = JobRecord.read(run_dir) if RunDir(Path(run_dir)).job_record.exists() else None
     if segments is None:
-        segments = load_segments(run_dir) if path.exists() else [first_segment(config, start)]
-    if config.end_offsets is None and path.exists():  # a bounded run's end, once fixed (`InputEnd`), stays
-        known = json.loads(path.read_text())["config"].get("end_offsets")
-        if known is not None:
-            config = replace(config, end_offsets={int(p): int(o) for p, o in known.items()})
-    record = {"config": asdict(config), "start_offsets": {str(p): o for p, o in sorted(start.items())}, "replay": replay,
-              "segments": [segment.as_json() for segment in segments]}
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True))
-    partial.replace(path)
-    return path
+        segments = list(current.segments) if current is not None else [first_segment(config, start)]
+    if config.end_offsets is None and current is not None and current.config.end_offsets is not None:
+        config = replace(config, end_offsets=current.config.end_offsets)  # a bounded run's end, once fixed, stays
+    return JobRecord(config, dict(start), replay, tuple(segments)).write(run_dir)
 
 
 def first_segment(config: JobConfig, start: dict[int, int]) -> Segment:
@@ -156,38 +236,20 @@ def first_segment(config: JobConfig, start: dict[int, int]) -> Segment:
 
 
 def load_segments(run_dir: Path) -> list[Segment]:
-    """The segments of a started run, oldest first (a record from before switches: one segment
-    made from its config and start offsets).
+    """The segments of a started run, oldest first (`JobRecord.segments`).
 
     Raises:
-        ConfigurationError: the run has no job record, or a segment in it is malformed.
+        ConfigurationError: the run has no job record, or it is malformed.
     """
-    path = RunDir(Path(run_dir)).job_record
-    if not path.exists():
-        raise ConfigurationError(f"run folder {run_dir} has no {RunDir.JOB_RECORD}: there is no started run there")
-    record = json.loads(path.read_text())
-    if record.get("segments"):
-        return [Segment.from_json(raw) for raw in record["segments"]]
-    config, start, _ = load_job_record(run_dir)
-    return [first_segment(config, start)]
+    return list(JobRecord.read(run_dir).segments)
 
 
 def load_job_record(run_dir: Path) -> tuple[JobConfig, dict[int, int], dict[str, str]]:
-    """(config, start offsets partition -> offset, replay record) of a started run.
+    """(config, start offsets partition -> offset, replay record) of a started run (`JobRecord.read`).
 
     Raises:
         ConfigurationError: the run has no job record (it never started, or is not a run of
-            this keyshift version).
+            this keyshift version), or it is malformed.
     """
-    path = RunDir(Path(run_dir)).job_record
-    if not path.exists():
-        raise ConfigurationError(f"run folder {run_dir} has no {RunDir.JOB_RECORD}: there is no started run to resume there")
-    record = json.loads(path.read_text())
-    known = {f.name for f in fields(JobConfig)}
-    raw = {k: v for k, v in record["config"].items() if k in known}
-    if raw.get("end_offsets") is not None:
-        raw["end_offsets"] = {int(p): int(o) for p, o in raw["end_offsets"].items()}
-    if raw.get("split") is not None:
-        raw["split"] = {key: tuple(slots) for key, slots in raw["split"].items()}
-    start = {int(p): int(o) for p, o in record["start_offsets"].items()}
-    return JobConfig(**raw), start, record.get("replay") or {}
+    record = JobRecord.read(run_dir)
+    return record.config, record.start_offsets, record.replay

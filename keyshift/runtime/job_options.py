@@ -152,15 +152,11 @@ def _check_resumed_job(run_id: str, job_name: str | None) -> None:
     Raises:
         click.UsageError: naming both jobs.
     """
-    import json
-
+    from keyshift.processing.job_record import JobRecord
     from keyshift.settings import Settings
 
     if not job_name:
         return
-    path = RunDir.of(Settings().runs_dir, run_id).job_record
-    if not path.is_file():
-        return
-    started = json.loads(path.read_text())["config"].get("job", "flight_delays")
-    if started != job_name:
+    started = JobRecord.job_name(RunDir.of(Settings().runs_dir, run_id).path)
+    if started is not None and started != job_name:
         raise click.UsageError(f"run {run_id} runs job {started}, not {job_name}; resume it with `keyshift job run --resume {run_id}`")

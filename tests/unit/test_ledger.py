@@ -167,3 +167,22 @@ def test_end_of_input_markers_go_out_once_the_next_batch_can_take_the_rest_and_t
     assert not input_reached(target, {}, {}, room)  # nothing planned yet
     assert input_reached(target, {}, {0: 1, 1: 1}, marker_room(None, 2))  # no limit per batch
     assert not input_reached(target, {}, {0: 99, 1: 50})  # the default: the end itself
+
+
+def test_job_record_round_trips_and_names_its_job(tmp_path):
+    from keyshift.errors import ConfigurationError
+    from keyshift.processing.job_record import JobRecord
+
+    assert JobRecord.job_name(tmp_path) is None  # not started: no record
+    config = JobConfig(run_id="r3", partitions=4, end_offsets={0: 5, 1: 7, 2: 0, 3: 1})
+    save_job_record(tmp_path, config, {0: 0, 1: 2, 2: 0, 3: 0}, {"events_produced": "13"})
+    record = JobRecord.read(tmp_path)
+    assert record.config == config and record.start_offsets == {0: 0, 1: 2, 2: 0, 3: 0}
+    assert record.replay == {"events_produced": "13"} and [s.index for s in record.segments] == [0]
+    assert JobRecord.job_name(tmp_path) == "flight_delays"
+    # the input end, once fixed, stays when a later save has none
+    save_job_record(tmp_path, JobConfig(run_id="r3", partitions=4), record.start_offsets, record.replay)
+    assert JobRecord.read(tmp_path).config.end_offsets == {0: 5, 1: 7, 2: 0, 3: 1}
+    (tmp_path / "job.json").write_text('{"config": {"run_id": "r3"}}')
+    with pytest.raises(ConfigurationError, match="malformed"):
+        JobRecord.read(tmp_path)
