@@ -1,7 +1,8 @@
 """Run records: what a job run is doing, in Redis (latest) and in `runs/<run_id>/` (history).
 
-- Redis hash `keyshift:run:<run_id>`: run_id, state (starting | running | succeeded | failed |
-  stopped), pid, log_path, summary_path, started_at, finished_at, strategy, partitions, error.
+- Redis hash `keyshift:run:<run_id>`: the run record, `RunRecord` (its fields, who writes each:
+  `keyshift.orchestration.launch`); state is starting | running | restarting | succeeded | failed |
+  stopped. Every write encodes through `RunRecord.encode`, every typed read is `run_record`.
 - Redis hash `keyshift:run:<run_id>:progress`, field `latest`: the last batch's progress record
   (JSON); every record is also appended to `runs/<run_id>/progress.jsonl`.
 - `runs/<run_id>/summary.json`: the run's summary, written once at the end.
@@ -13,6 +14,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,8 +71,137 @@ waits `restart_delay_s` before it starts the driver again)."""
 TERMINAL_STATES = frozenset({"succeeded", "stopped", "failed"})
 """Run states the job writes when it ends (`stopped`: a continuous run ended on SIGTERM/SIGINT)."""
 
+@dataclass(frozen=True)
+class RunRecord:
+    """A job run's record in Redis (`names.redis_run_key(run_id)`), typed.
+
+    Three processes write it, each its own fields (`keyshift.orchestration.launch` documents who
+    writes what): the launcher, the supervisor and the job's driver (`RunRecorder`). Every write
+    goes through `RunRecord.encode`, which refuses a field not declared here; every read through
+    `RunRecord.from_redis` (`read_run_record`). Absent fields are None (or 0 / empty for the
+    counters and the history).
+
+    Attributes:
+        run_id, job, topic, strategy, watermark: what was asked (text).
+        partitions: P; epoch: the placement's epoch; segment: the index of the run's current
+            query (set once its query started); bound_ms: ms of event time; limit: events, None
+            for a continuous run.
+        state: one of `RUN_STATES` or `restarting`; error: why it failed.
+        pid, pid_create_time, host: the driver process (the job's Python driver once it runs).
+        attempt: the supervisor's current attempt (1 = the first); restarts: restarts so far;
+            restart_history: the restarts (list of dicts); last_exit: how the last driver ended;
+            resumes: times the job resumed from its checkpoint.
+        max_restarts, restart_delay_s: the restart policy (restarts; seconds).
+        supervisor_pid, supervisor_pid_create_time, supervisor_log_path: the supervisor.
+        log_path: the driver log; summary_path: `summary.json` once the run ended.
+        started_at, finished_at, driver_started_at, stop_requested_at: as written: ISO 8601 UTC
+            (launcher, supervisor) or epoch seconds (the job); `timestamp` reads either.
+        stop_timeout_s: seconds a requested stop waits for the driver.
+    """
+
+    run_id: str | None = None
+    job: str | None = None
+    topic: str | None = None
+    strategy: str | None = None
+    watermark: str | None = None
+    partitions: int | None = None
+    epoch: int | None = None
+    segment: int | None = None
+    bound_ms: int | None = None
+    limit: int | None = None
+    state: str | None = None
+    error: str | None = None
+    pid: int | None = None
+    pid_create_time: str | None = None
+    host: str | None = None
+    attempt: int | None = None
+    restarts: int = 0
+    restart_history: tuple[dict[str, Any], ...] = ()
+    last_exit: str | None = None
+    resumes: int = 0
+    max_restarts: int | None = None
+    restart_delay_s: float | None = None
+    supervisor_pid: int | None = None
+    supervisor_pid_create_time: str | None = None
+    supervisor_log_path: str | None = None
+    log_path: str | None = None
+    summary_path: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    driver_started_at: str | None = None
+    stop_requested_at: str | None = None
+    stop_timeout_s: float | None = None
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        """The names a run record may hold."""
+        return frozenset(f.name for f in fields(cls))
+
+    @classmethod
+    def encode(cls, **values: Any) -> dict[str, str]:
+        """Redis hash fields for `values` (None skipped; lists and dicts as JSON; the rest as text).
+
+        Raises:
+            ValueError: a name that is not a field of the run record.
+        """
+        unknown = set(values) - cls.field_names()
+        if unknown:
+            raise ValueError(f"not fields of a run record: {sorted(unknown)}")
+        return {k: (json.dumps(v) if isinstance(v, (dict, list, tuple)) else str(v)) for k, v in values.items() if v is not None}
+
+    @classmethod
+    def from_redis(cls, raw: Mapping[str, str]) -> "RunRecord":
+        """The record from its Redis hash (`HGETALL`, decoded); unknown fields are ignored, and an
+        empty or malformed number is None (a counter 0)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            text = raw.get(f.name)
+            if text is None:
+                continue
+            kind = f.type if isinstance(f.type, str) else str(f.type)
+            if f.name == "restart_history":
+                try:
+                    values[f.name] = tuple(json.loads(text or "[]"))
+                except ValueError:
+                    values[f.name] = ()
+            elif kind.startswith("int"):
+                values[f.name] = _number(text, int, 0 if f.name in ("restarts", "resumes") else None)
+            elif kind.startswith("float"):
+                values[f.name] = _number(text, float, None)
+            else:
+                values[f.name] = text
+        return cls(**values)
+
+    @property
+    def active(self) -> bool:
+        """Whether a live driver is expected (`ACTIVE_STATES`)."""
+        return self.state in ACTIVE_STATES
+
+    @staticmethod
+    def timestamp(value: str | None) -> float | None:
+        """Epoch seconds of a time field written either as epoch seconds or ISO 8601; None if absent."""
+        if not value:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+
+
+def _number(text: str, kind: type, empty: Any) -> Any:
+    try:
+        return kind(float(text)) if kind is int else kind(text)
+    except (TypeError, ValueError):
+        return empty
+
+
 def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
-    """The Redis run record of `run_id` (empty dict if there is none).
+    """The Redis run record of `run_id` as stored, text fields (empty dict if there is none);
+    `run_record` gives it typed.
 
     Raises:
         StackError: Redis cannot be reached (start it with `keyshift stack up`).
@@ -81,6 +214,16 @@ def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:
         raise StackError(f"cannot read run {run_id} from Redis at {where}: {exc}") from exc
     finally:
         client.close()
+
+
+def run_record(settings: Settings, run_id: str) -> RunRecord | None:
+    """The Redis run record of `run_id`, typed (`RunRecord.from_redis`); None if there is none.
+
+    Raises:
+        StackError: Redis cannot be reached (start it with `keyshift stack up`).
+    """
+    raw = read_run_record(settings, run_id)
+    return RunRecord.from_redis(raw) if raw else None
 
 
 class RunRecorder:
@@ -116,7 +259,7 @@ class RunRecorder:
         Raises:
             StackError: Redis stayed unreachable that long.
         """
-        mapping = {k: (json.dumps(v) if isinstance(v, (dict, list)) else str(v)) for k, v in fields.items() if v is not None}
+        mapping = RunRecord.encode(**fields)
         if mapping:
             self._call(self.redis.hset, redis_run_key(self.run_id), mapping=mapping)
 

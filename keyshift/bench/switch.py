@@ -479,7 +479,7 @@ def run_switching(
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from keyshift.migration.switch import request_switch
-    from keyshift.runs import read_run_record
+    from keyshift.runs import run_record
     from keyshift.processing.sources.kafka_input import send_end_of_input  # what a bounded run writes once drained
 
     start, switches = sequence[0], sequence[1:]
@@ -495,7 +495,7 @@ def run_switching(
         return max((int(r.get("events_read") or 0) for r in read_progress(run_dir)), default=0)
 
     try:
-        _wait_until(lambda: read_run_record(settings, run_id).get("segment") is not None, process, 600, "its query started", log_path)
+        _wait_until(lambda: getattr(run_record(settings, run_id), "segment", None) is not None, process, 600, "its query started", log_path)
         feed.start()
         log.info("switching run %s: feeding %s flights at %s events/s (about %.0f s), %d switches", run_id, f"{flights:,}",
                  f"{rate:,.0f}", feed_s, len(switches))

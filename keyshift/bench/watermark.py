@@ -617,11 +617,11 @@ class _Conductor(threading.Thread):
         raise JobError("aborted")
 
     def run(self) -> None:
-        from keyshift.runs import read_run_record
+        from keyshift.runs import run_record
         from keyshift.processing.sources.kafka_input import send_end_of_input
 
         try:
-            self._wait(lambda: read_run_record(self.settings, self.run_id).get("segment") is not None, "the query to start", 600)
+            self._wait(lambda: getattr(run_record(self.settings, self.run_id), "segment", None) is not None, "the query to start", 600)
             send_end_of_input(self.settings, self.topic, f"{self.run_id}-warmup")  # another run's markers: a batch, no event
             self._wait(lambda: read_progress(self.run_dir), "the warm-up batch", 600)
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -200,23 +200,22 @@ def sample_key_loads(settings: Settings, topic: str, max_events: int = 100_000) 
 
 
 def _driver_alive(settings: Settings, run_id: str) -> bool:
-    from keyshift.runs import read_run_record
+    from keyshift.runs import run_record
 
-    record = read_run_record(settings, run_id)
-    pid = record.get("pid")
-    if record.get("state") != "running" or not (pid and pid.isdigit()):
+    record = run_record(settings, run_id)
+    if record is None or record.state != "running" or not record.pid:
         return False
-    if record.get("host") not in (None, "", socket.gethostname()):
+    if record.host not in (None, "", socket.gethostname()):
         return True  # another host's driver: trust its state
-    return _pid_alive(pid)
+    return _pid_alive(record.pid)
 
 
-def _pid_alive(pid: str | None) -> bool:
-    """Whether `pid` (a run record's text) is a live process of this host, not a zombie."""
-    if not (pid and pid.isdigit()):
+def _pid_alive(pid: int | None) -> bool:
+    """Whether `pid` (a run record's) is a live process of this host, not a zombie."""
+    if not pid or pid < 1:
         return False
     try:
-        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.AccessDenied:  # another user's: it exists
         return True
     except psutil.Error:  # no such process (or it ended meanwhile)
@@ -245,16 +244,16 @@ def refuse_unstarted_run(settings: Settings, run_id: str) -> None:
         StackError: Redis unreachable.
     """
     from keyshift.names import redis_run_key
-    from keyshift.runs import ACTIVE_STATES, read_run_record
+    from keyshift.runs import ACTIVE_STATES, run_record
 
     run_dir = settings.runs_dir / run_id
-    record = read_run_record(settings, run_id)
-    if not record:
+    record = run_record(settings, run_id)
+    if record is None:
         raise ConfigurationError(f"run {run_id!r} is unknown: no job record in {run_dir} and no run record {redis_run_key(run_id)} "
                                  "in Redis; name a run of a keyshift job (`keyshift job run`, the keyshift_pipeline DAG)")
-    state, pid, topic = record.get("state"), record.get("pid"), record.get("topic") or "?"
-    elsewhere = record.get("host") not in (None, "", socket.gethostname())
-    alive = elsewhere or _pid_alive(pid) or _pid_alive(record.get("supervisor_pid"))
+    state, pid, topic = record.state, record.pid, record.topic or "?"
+    elsewhere = record.host not in (None, "", socket.gethostname())
+    alive = elsewhere or _pid_alive(pid) or _pid_alive(record.supervisor_pid)
     if state in ACTIVE_STATES and alive:
         if state == "running":
             doing = (f"its driver{f' (pid {pid})' if pid else ''} is waiting for records in topic {topic!r} or still preparing its "
@@ -268,7 +267,7 @@ def refuse_unstarted_run(settings: Settings, run_id: str) -> None:
     if state in ACTIVE_STATES:
         raise ConfigurationError(f"run {run_id} never started its query (no job record in {run_dir}) and its driver{f' (pid {pid})' if pid else ''} "
                                  f"is gone though its record says {state!r}; nothing to switch: start a new run")
-    error = f": {record['error'][:300]}" if record.get("error") else ""
+    error = f": {record.error[:300]}" if record.error else ""
     raise ConfigurationError(f"run {run_id} ended (state {state!r}{error}) before it started its query (no job record in {run_dir}); "
                              "nothing to switch: start a new run")
 

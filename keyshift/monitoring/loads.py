@@ -30,6 +30,7 @@ import redis
 from keyshift.errors import ConfigurationError
 from keyshift.monitoring.balance import balance_degree, extra_compute_time, max_over_mean
 from keyshift.names import REDIS_PREFIX, RunDir, redis_progress_key, redis_run_key
+from keyshift.runs import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -209,11 +210,12 @@ def job_counts(client: redis.Redis, runs_dir: Path, run_id: str) -> JobCounts | 
         ConfigurationError: no run record for `run_id` in Redis.
         redis.RedisError: Redis is unreachable.
     """
-    record = client.hgetall(redis_run_key(run_id))
-    if not record:
+    raw = client.hgetall(redis_run_key(run_id))
+    if not raw:
         raise ConfigurationError(f"no run record {redis_run_key(run_id)} in Redis; name a run the job recorded (see runs/)")
-    summary = Path(record.get("summary_path") or RunDir.of(runs_dir, run_id).summary)
-    state = record.get("state", "?")
+    record = RunRecord.from_redis(raw)
+    summary = Path(record.summary_path or RunDir.of(runs_dir, run_id).summary)
+    state = record.state or "?"
     if summary.is_file():
         slots = json.loads(summary.read_text(encoding="utf-8")).get("per_slot_events")
         if slots:

@@ -15,7 +15,8 @@ process's creation time: a recycled pid never counts); the supervisor's spec `ru
 When the driver dies (non-zero exit or a signal) without a stop having been requested, the
 supervisor restarts it from its checkpoint (`--resume RUN_ID`) after `restart_delay_s` seconds, at
 most `max_restarts` times: Flink's fixed-delay restart strategy (see `supervisor.py`). The run
-record is the Redis hash `names.redis_run_key(run_id)`:
+record is the Redis hash `names.redis_run_key(run_id)`, typed as `keyshift.runs.RunRecord` (every
+writer encodes its fields with `RunRecord.encode`, which refuses an undeclared one):
 
 | field | written by | meaning |
 | --- | --- | --- |
@@ -52,7 +53,7 @@ from pathlib import Path
 from keyshift import names
 from keyshift.errors import JobError, StackError
 from keyshift.orchestration import pipeline
-from keyshift.runs import ACTIVE_STATES, TERMINAL_STATES, read_run_record  # noqa: F401 (launch.read_run_record)
+from keyshift.runs import ACTIVE_STATES, TERMINAL_STATES, RunRecord, read_run_record  # noqa: F401 (launch.read_run_record)
 from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, SupervisorSpec, driver_record, spec_path, stop_driver
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
@@ -212,28 +213,29 @@ def launch_job(
     home = pipeline.run_dir(settings, run_id)
     client = _redis(settings)
     try:
-        existing = client.hgetall(key)
+        stored = client.hgetall(key)
+        existing = RunRecord.from_redis(stored)
         live, supervisor = driver_record(settings, run_id), supervisor_record(settings, run_id)
         # a live supervisor owns the run whatever the state says (a dying job writes `failed`
         # just before its supervisor restarts it)
-        if supervisor is not None or (existing.get("state") in ACTIVE_STATES and live is not None):
-            pid = live.pid if live is not None else int(existing.get("pid") or 0)
+        if supervisor is not None or (existing.active and live is not None):
+            pid = live.pid if live is not None else existing.pid or 0
             log.info("Run %s already runs (driver pid %s, supervisor pid %s); adopting it", run_id,
                      live.pid if live else None, supervisor.pid if supervisor else None)
             command = live.argv if live is not None else supervisor.argv
             return LaunchedJob(run_id, pid, pipeline.driver_log_path(settings, run_id), command, adopted=True,
                                supervisor_pid=supervisor.pid if supervisor else None)
-        if existing.get("state") == "succeeded":
+        if existing.state == "succeeded":
             raise JobError(f"run {run_id} already succeeded (record {key}); launch with a new run id")
         if (live or supervisor) is not None:
             alive = live or supervisor
             raise JobError(
                 f"run {run_id} has a live {alive.name} (pid {alive.pid}) while its record says state "
-                f"{existing.get('state')!r}; stop it with keyshift.orchestration.launch.stop_job first"
+                f"{existing.state!r}; stop it with keyshift.orchestration.launch.stop_job first"
             )
-        if existing:
+        if stored:
             log.warning("Run %s has a stale record (state %s, no live driver); launching again",
-                        run_id, existing.get("state"))
+                        run_id, existing.state)
 
         java_options = pipeline.driver_java_options(settings)  # the driver's class archive, when one exists
         base = (
@@ -252,23 +254,21 @@ def launch_job(
         process.pid_file(home, DRIVER).unlink(missing_ok=True)  # a dead attempt's: not this launch's driver
         log_path = pipeline.driver_log_path(settings, run_id)
         client.delete(key)
-        client.hset(key, mapping={
-            "run_id": run_id, "state": "starting", "log_path": str(log_path), "job": job,
-            "strategy": strategy, "partitions": str(partitions), "bound_ms": str(bound_ms),
-            "watermark": watermark or "global", "limit": "" if limit is None else str(limit), "topic": topic or "",
-            "started_at": _utcnow_iso(), "host": socket.gethostname(),
-            "max_restarts": str(policy.max_restarts), "restart_delay_s": str(policy.restart_delay_s),
-            "restarts": "0", "restart_history": "[]", "attempt": "0",
-            "supervisor_log_path": str(process.log_file(home, SUPERVISOR)),
-        })
+        client.hset(key, mapping=RunRecord.encode(
+            run_id=run_id, state="starting", log_path=log_path, job=job, strategy=strategy, partitions=partitions,
+            bound_ms=bound_ms, watermark=watermark or "global", limit="" if limit is None else limit, topic=topic or "",
+            started_at=_utcnow_iso(), host=socket.gethostname(), max_restarts=policy.max_restarts,
+            restart_delay_s=policy.restart_delay_s, restarts=0, restart_history=[], attempt=0,
+            supervisor_log_path=process.log_file(home, SUPERVISOR),
+        ))
         supervisor = process.start(
             home, SUPERVISOR, (sys.executable, "-m", "keyshift.orchestration.supervisor", "--spec", str(spec_path(home))),
             # a local driver binds to loopback unless SPARK_LOCAL_IP is set (keyshift.stack.spark)
             env={**loopback_env(settings), **os.environ, **pipeline.spark_env(), **settings_env(settings)},
             cwd=PROJECT_ROOT,
         )
-        client.hset(key, mapping={"supervisor_pid": str(supervisor.pid),
-                                  "supervisor_pid_create_time": repr(supervisor.create_time)})
+        client.hset(key, mapping=RunRecord.encode(supervisor_pid=supervisor.pid,
+                                                  supervisor_pid_create_time=repr(supervisor.create_time)))
         log.info("Launched run %s: supervisor pid %d (max_restarts %d, restart_delay_s %g), driver log %s",
                  run_id, supervisor.pid, policy.max_restarts, policy.restart_delay_s, log_path)
         driver = _check_first_attempt(settings, client, run_id, startup_check_s)
@@ -300,13 +300,13 @@ def _check_first_attempt(settings: Settings, client, run_id: str, startup_check_
     started = time.monotonic()
     driver = None
     while True:
-        record = client.hgetall(key)
-        failed = (int(record.get("restarts") or 0) > 0 or record.get("state") == "failed"
+        record = RunRecord.from_redis(client.hgetall(key))
+        failed = (record.restarts > 0 or record.state == "failed"
                   or supervisor_record(settings, run_id) is None)
         if failed:
             process.stop(home, SUPERVISOR, timeout_s=10)
             process.stop(home, DRIVER, timeout_s=10)
-            client.hset(key, mapping={"state": "failed", "finished_at": _utcnow_iso()})
+            client.hset(key, mapping=RunRecord.encode(state="failed", finished_at=_utcnow_iso()))
             waited = time.monotonic() - started
             supervisor_log = process.log_file(home, SUPERVISOR)
             raise JobError(
@@ -350,8 +350,7 @@ def stop_job(settings: Settings, run_id: str, timeout_s: float = 60.0) -> bool:
         return False
     client = _redis(settings)
     try:
-        client.hset(names.redis_run_key(run_id), mapping={"stop_requested_at": _utcnow_iso(),
-                                                          "stop_timeout_s": str(timeout_s)})
+        client.hset(names.redis_run_key(run_id), mapping=RunRecord.encode(stop_requested_at=_utcnow_iso(), stop_timeout_s=timeout_s))
     finally:
         client.close()
     home = pipeline.run_dir(settings, run_id)

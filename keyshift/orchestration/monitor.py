@@ -45,6 +45,7 @@ from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.monitoring.results import DEFAULT_KEEP
 from keyshift.settings import Settings
 from keyshift.names import RunDir
+from keyshift.runs import RunRecord
 
 if TYPE_CHECKING:
     from keyshift.monitoring.results import LastSwitch
@@ -343,7 +344,8 @@ def evaluate_topic(
     measured = [measured_loads("arrivals", arrived, f"Kafka end-offset deltas of {topic!r} {since}")]
 
     run_id = params.run_id or latest_job_run(store.client, topic)
-    params, in_force_source = placement_in_force(store.client.hgetall(names.redis_run_key(run_id)) if run_id else {}, params)
+    raw = store.client.hgetall(names.redis_run_key(run_id)) if run_id else {}
+    params, in_force_source = placement_in_force(RunRecord.from_redis(raw) if raw else None, params)
     counts = job_counts(store.client, settings.runs_dir, run_id) if run_id else None
     if counts is not None:
         processed = since_previous(cursor.get("job_run_id"), cursor.get("job_per_slot_events"), counts)
@@ -438,7 +440,7 @@ def evaluate_topic(
     return {"record": record, "switch_conf": conf}
 
 
-def placement_in_force(run_record: dict[str, str], params: MonitorParams) -> tuple[MonitorParams, str]:
+def placement_in_force(run_record: RunRecord | None, params: MonitorParams) -> tuple[MonitorParams, str]:
     """`params` with the strategy and P in force, and where they come from.
 
     The job run's Redis record (`names.redis_run_key`) carries the strategy and P of its current
@@ -448,15 +450,16 @@ def placement_in_force(run_record: dict[str, str], params: MonitorParams) -> tup
     monitor scores the new placement and does not ask for the same switch again.
 
     Args:
-        run_record: the run record's fields (empty when no run is recorded). params: validated params.
+        run_record: the run record (None when no run is recorded). params: validated params.
 
     Returns:
         (params with `strategy` and `partitions` in force, `"run record <run_id> (epoch e, segment s)"` or `"monitor params"`).
     """
-    strategy, partitions = run_record.get("strategy"), run_record.get("partitions")
-    if not strategy or not (partitions or "").isdigit():
+    if run_record is None or not run_record.strategy or run_record.partitions is None:
         return params, "monitor params"
-    source = f"run record {run_record.get('run_id')} (epoch {run_record.get('epoch', '?')}, segment {run_record.get('segment', 0)})"
+    strategy, partitions = run_record.strategy, run_record.partitions
+    epoch = "?" if run_record.epoch is None else run_record.epoch
+    source = f"run record {run_record.run_id} (epoch {epoch}, segment {run_record.segment or 0})"
     given = params.partitions or "the topic's"
     said = f"{params.strategy} over {given}"
     log.info("%s: in force per %s: %s over %s slots%s", params.topic, source, strategy, partitions,
@@ -623,7 +626,7 @@ def _switch_request(conf: dict[str, Any]) -> SwitchRequest:
         raise ConfigurationError(f"bad keyshift_switch conf {conf!r}: {problems}") from exc
 
 
-def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> dict[str, str]:
+def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> RunRecord:
     """The run record of the run `request` switches: its `run_id`, else the latest run on its topic.
 
     Raises:
@@ -638,14 +641,15 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> d
     if run_id is None:
         raise ConfigurationError(f"no job run on topic {request.topic!r} is recorded in Redis; start one with keyshift_pipeline "
                                  f"(limit empty: a continuous run), or name the run in the conf's run_id")
-    record = client.hgetall(names.redis_run_key(run_id))
-    if not record:
+    raw = client.hgetall(names.redis_run_key(run_id))
+    if not raw:
         raise ConfigurationError(f"run {run_id!r} has no record {names.redis_run_key(run_id)} in Redis; name a run the job recorded")
-    if record.get("state") in ("starting", "running", "restarting") and not RunDir.of(settings.runs_dir, run_id).job_record.exists():
+    record = RunRecord.from_redis({"run_id": run_id, **raw})
+    if record.active and not RunDir.of(settings.runs_dir, run_id).job_record.exists():
         refuse_unstarted_run(settings, run_id)  # alive and not started: SwitchNotReady; else why not
-    if record.get("state") != "running":
+    if record.state != "running":
         which = "" if request.run_id else f"the latest job run on topic {request.topic!r}, "
-        raise ConfigurationError(f"run {run_id} ({which}state {record.get('state')!r}) is not running: a switch moves a running job; "
+        raise ConfigurationError(f"run {run_id} ({which}state {record.state!r}) is not running: a switch moves a running job; "
                                  f"launch one with keyshift_pipeline, or wait until this one runs")
     under_way = SwitchControl(client, run_id).pending()
     if under_way is not None:
@@ -682,17 +686,17 @@ def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: 
     given = _switch_request(dict(conf or {}))
     client = redis_client(settings)
     run = _switch_target(settings, client, given)
-    strategy_from, partitions_from = run.get("strategy"), int(run.get("partitions") or 0) or None
+    strategy_from, partitions_from = run.strategy, run.partitions or None
     stale = [f"{name} {said!r} (the run has {has!r})" for name, said, has in (
         ("strategy_from", given.strategy_from, strategy_from), ("partitions_from", given.partitions_from, partitions_from))
         if said is not None and said != has]
     if stale:
-        raise ConfigurationError(f"stale switch request for run {run['run_id']}: {', '.join(stale)}; it has switched since "
+        raise ConfigurationError(f"stale switch request for run {run.run_id}: {', '.join(stale)}; it has switched since "
                                  f"the decision of {given.decided_at}; the monitor's next evaluation decides again")
-    if run.get("topic") and run["topic"] != given.topic:
-        log.info("run %s reads %r, not %r: switching it on its own topic", run["run_id"], run["topic"], given.topic)
+    if run.topic and run.topic != given.topic:
+        log.info("run %s reads %r, not %r: switching it on its own topic", run.run_id, run.topic, given.topic)
     request = _switch_request({
-        **given.model_dump(), "run_id": run["run_id"], "topic": run.get("topic") or given.topic, "strategy_from": strategy_from,
+        **given.model_dump(), "run_id": run.run_id, "topic": run.topic or given.topic, "strategy_from": strategy_from,
         "partitions_from": partitions_from, "partitions": given.partitions or partitions_from,
         "decided_at": given.decided_at or datetime.now(timezone.utc),
     })

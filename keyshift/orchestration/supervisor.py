@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from keyshift.errors import ConfigurationError
 from keyshift.names import RunDir
+from keyshift.runs import RunRecord
 
 if TYPE_CHECKING:
     from keyshift.settings import Settings
@@ -508,7 +509,7 @@ class Supervisor:
         import redis
 
         try:
-            self._client().hset(self.key, mapping={k: str(v) for k, v in fields.items()})
+            self._client().hset(self.key, mapping=RunRecord.encode(**fields))
         except (redis.RedisError, OSError) as exc:
             log.warning("Cannot record %s in %s: %s", sorted(fields), self.key, exc)
             self._redis = None

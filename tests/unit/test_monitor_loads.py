@@ -207,7 +207,10 @@ def test_switch_request_by_hand_needs_only_the_strategy_and_a_reason() -> None:
 def test_placement_in_force_comes_from_the_run_record(record, expected) -> None:
     from keyshift.orchestration.monitor import placement_in_force
 
-    params, source = placement_in_force(record, monitor_params({"strategy": "hash", "trigger": "threshold"}))
+    from keyshift.runs import RunRecord
+
+    run_record = RunRecord.from_redis(record) if record else None
+    params, source = placement_in_force(run_record, monitor_params({"strategy": "hash", "trigger": "threshold"}))
     assert (params.strategy, params.partitions, source) == expected
     assert params.trigger == "threshold"  # the other params are kept
 
