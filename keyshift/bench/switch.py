@@ -516,10 +516,10 @@ def run_switching(
                 record = request_switch(
                     settings, run_id, target.strategy, target.partitions, reason=f"keyshift bench switch {number}/{len(switches)}",
                     wait_timeout_s=switch_timeout_s, sample_events=sample_events,
-                    on_update=lambda r: log.info("  %s: %s at step %s", r["switch_id"], r.get("state"), r.get("step")),
+                    on_update=lambda r: log.info("  %s: %s at step %s", r.switch_id, r.state, r.step),
                 )
-                log.info("switch %d/%d done: pause %.2f s, steps %s", number, len(switches), record["pause_seconds"], record.get("step_seconds"))
-                records.append({**record, "load_average_1min": round(os.getloadavg()[0], 2)})
+                log.info("switch %d/%d done: pause %.2f s, steps %s", number, len(switches), record.pause_seconds, record.step_seconds)
+                records.append({**record.as_json(), "load_average_1min": round(os.getloadavg()[0], 2)})
             feed.join(timeout=feed_s * 3 + 600)
             feed.check()
             if feed.is_alive():

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from keyshift.migration.switch_record import SwitchRecord
 
 EXIT_NOT_READY = 75
 """Exit status of `keyshift switch` when the run has not started its query yet (sysexits.h's
@@ -29,16 +33,16 @@ class NotReady(click.ClickException):
     exit_code = EXIT_NOT_READY
 
 
-def _describe(record: dict) -> str:
-    plan = record.get("plan") or {}
-    migration = record.get("migration") or {}
+def _describe(record: SwitchRecord) -> str:
+    plan = record.plan or {}
+    migration = record.migration or {}
     return (
-        f"switch {record['switch_id']}: {record['strategy_from']}/P={record['partitions_from']} -> "
-        f"{record['strategy_to']}/P={record['partitions_to']}, epoch {record['epoch_from']} -> {record['epoch_to']}, "
-        f"pause {record.get('pause_seconds', '?')} s, state rows {sum(migration.get('state_rows_written', {}).values())}, "
+        f"switch {record.switch_id}: {record.strategy_from}/P={record.partitions_from} -> "
+        f"{record.strategy_to}/P={record.partitions_to}, epoch {record.epoch_from} -> {record.epoch_to}, "
+        f"pause {record.pause_seconds if record.pause_seconds is not None else '?'} s, state rows {sum(migration.get('state_rows_written', {}).values())}, "
         f"{migration.get('state_bytes_moved', 0):,} of {migration.get('state_bytes', 0):,} state bytes moved, "
         f"moved share {plan.get('moved_share', 0):.3f} (minimum {plan.get('min_moved_share', 0):.3f}), "
-        f"in driver: {record.get('in_driver')}"
+        f"in driver: {record.in_driver}"
     )
 
 
@@ -64,13 +68,13 @@ def command(run_id: str, strategy: str | None, partitions: int | None, reason: s
     settings = Settings()
     if history:
         for record in SwitchControl.from_settings(settings, run_id).history():
-            click.echo(json.dumps({k: v for k, v in record.items() if k not in ("mapping", "mapping_from")}, sort_keys=True))
+            click.echo(json.dumps({k: v for k, v in record.as_json().items() if k not in ("mapping", "mapping_from")}, sort_keys=True))
         return
 
     started = time.monotonic()
 
-    def show(record: dict) -> None:
-        click.echo(f"  {time.monotonic() - started:6.1f} s  {record['switch_id']}: {record.get('state')} at step {record.get('step')}")
+    def show(record: SwitchRecord) -> None:
+        click.echo(f"  {time.monotonic() - started:6.1f} s  {record.switch_id}: {record.state} at step {record.step}")
 
     try:
         record = request_switch(settings, run_id, strategy, partitions, reason=reason, wait_timeout_s=timeout_s, on_update=show)

@@ -21,6 +21,7 @@ from keyshift.errors import JobError
 from keyshift.migration.state import read_state, rekey_state, save_migrated, verify_placement
 from keyshift.processing.operators.state_variables import MapStateVariable
 from keyshift.migration.switch import SwitchControl, step_index
+from keyshift.migration.switch_record import SwitchRecord
 from keyshift.placement.tokens import capped_stateful_partitions, slot_tokens, stateful_partition_of_slot
 from keyshift.processing.failpoints import failpoint
 from keyshift.names import RunDir
@@ -30,9 +31,9 @@ from keyshift.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def switch_number(segments: Sequence[Segment], record: dict[str, Any]) -> int:
+def switch_number(segments: Sequence[Segment], record: SwitchRecord) -> int:
     """1 for the run's first switch, 2 for the second ... (the failpoints' counter)."""
-    done = [s for s in segments if s.switch_id and s.switch_id != record["switch_id"]]
+    done = [s for s in segments if s.switch_id and s.switch_id != record.switch_id]
     return len(done) + 1
 
 
@@ -59,7 +60,7 @@ def migrate(
     settings: Settings,
     run_dir: Path,
     segments: list[Segment],
-    record: dict[str, Any],
+    record: SwitchRecord,
     control: SwitchControl,
     variables: Sequence[MapStateVariable],
     save_segments: Callable[[list[Segment]], None],
@@ -86,7 +87,7 @@ def migrate(
     old = segments[-1]
     topic = old.topic
     number = switch_number(segments, record)
-    record["stop_requested_at"] = stop_requested_at
+    record.stop_requested_at = stop_requested_at
     old_checkpoint = run_dir / old.checkpoint
     cut, offsets, floor = read_cut(old_checkpoint, topic)
     started = time.monotonic()
@@ -99,7 +100,7 @@ def migrate(
     failpoint("switch.stopped", number)
 
     t = time.monotonic()
-    partitions = int(record["partitions_to"])
+    partitions = int(record.partitions_to)
     stateful_partitions = capped_stateful_partitions(partitions, max_stateful_partitions)
     if cut is not None:
         state, timers = read_state(spark, old_checkpoint, variables, cut)
@@ -115,7 +116,7 @@ def migrate(
     migrated = rekey_state(state, timers, variables, slot_of, slot_tokens(partitions, stateful_partitions),
                            slot_tokens(old.partitions, old.stateful_partitions))
     index = old.index + 1
-    state_file = RunDir.migrated_state_name(record["switch_id"])
+    state_file = RunDir.migrated_state_name(record.switch_id)
     save_migrated(migrated, run_dir / state_file)
     record = control.advance(record, "migrated", time.monotonic() - t, migration=migrated.summary())
     failpoint("switch.migrated", number)
@@ -127,14 +128,14 @@ def migrate(
     now = read_offsets(settings, topic)
     for partition, beginning in now.beginning.items():
         start.setdefault(partition, beginning)  # a partition added for a larger P starts at its beginning
-    learned = record["strategy_to"] not in ("hash", "modulo")
+    learned = record.strategy_to not in ("hash", "modulo")
     segment = Segment(
-        index=index, checkpoint=RunDir.checkpoint_name(index), strategy=record["strategy_to"], partitions=partitions,
-        stateful_partitions=stateful_partitions, epoch=int(record["epoch_to"]),
-        assignment={k: int(v) for k, v in record["mapping"].items()} if learned else None,
-        split={k: list(v) for k, v in (record.get("split") or {}).items()} or None, topic=topic,
+        index=index, checkpoint=RunDir.checkpoint_name(index), strategy=record.strategy_to, partitions=partitions,
+        stateful_partitions=stateful_partitions, epoch=int(record.epoch_to),
+        assignment={k: int(v) for k, v in record.mapping.items()} if learned else None,
+        split={k: list(v) for k, v in (record.split or {}).items()} or None, topic=topic,
         start_offsets=dict(start), batch_base=base, watermark_floor_ms=floor,
-        initial_state=state_file, switch_id=record["switch_id"],
+        initial_state=state_file, switch_id=record.switch_id,
         # end-of-input markers already in the topic were written for the old query: if the cut
         # came before the batch that read them, they sit among input the new query still reads
         # (and alone in a partition added for a larger P), so the new query ignores them and
@@ -149,12 +150,12 @@ def migrate(
     publish(settings, record)
     record = control.advance(record, "published", time.monotonic() - t, published_at=time.time())
     failpoint("switch.published", number)
-    log.info("switch %s: migrated %s in %.2f s", record["switch_id"], migrated.summary(), time.monotonic() - started,
+    log.info("switch %s: migrated %s in %.2f s", record.switch_id, migrated.summary(), time.monotonic() - started,
              extra=STEP)
     return segments
 
 
-def slot_function(record: dict[str, Any], placed: Callable[[str], int | None] | None = None) -> Callable[[str], int]:
+def slot_function(record: SwitchRecord, placed: Callable[[str], int | None] | None = None) -> Callable[[str], int]:
     """key -> its slot under the switch's new assignment: a split key's first piece, a mapped
     key's slot, else the slot `placed` reports (the shared store's slot of a key the new query
     placed itself, `AssignmentStore.slot_of`), else the rule (hash for a learned strategy's keys
@@ -167,9 +168,9 @@ def slot_function(record: dict[str, Any], placed: Callable[[str], int | None] | 
     """
     from keyshift.placement.strategies import strategy_by_name
 
-    partitions = int(record["partitions_to"])
-    mapping, split = record["mapping"], {k: tuple(v) for k, v in (record.get("split") or {}).items()}
-    rule = strategy_by_name(record["strategy_to"] if record["strategy_to"] in ("hash", "modulo") else "hash", partitions)
+    partitions = int(record.partitions_to)
+    mapping, split = record.mapping, {k: tuple(v) for k, v in (record.split or {}).items()}
+    rule = strategy_by_name(record.strategy_to if record.strategy_to in ("hash", "modulo") else "hash", partitions)
 
     def slot_of(key: str) -> int:
         if key in split:
@@ -182,7 +183,7 @@ def slot_function(record: dict[str, Any], placed: Callable[[str], int | None] | 
     return slot_of
 
 
-def complete_mapping(record: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+def complete_mapping(record: SwitchRecord, keys: set[str]) -> SwitchRecord:
     """Give every key that holds state a slot in a learned strategy's new mapping.
 
     The plan maps the keys of its sample (the topic's most recent records); a key with state
@@ -191,12 +192,12 @@ def complete_mapping(record: dict[str, Any], keys: set[str]) -> dict[str, Any]:
     elsewhere. Such keys go on the least loaded slot, by their state rows, in key order; they
     are published with the rest. Rule strategies need nothing: the rule places every key.
     """
-    if record["strategy_to"] in ("hash", "modulo"):
+    if record.strategy_to in ("hash", "modulo"):
         return record
-    mapping, split = dict(record["mapping"]), record.get("split") or {}
+    mapping, split = dict(record.mapping), record.split or {}
     missing = sorted(k for k in keys if k not in mapping and k not in split)
     if missing:
-        partitions = int(record["partitions_to"])
+        partitions = int(record.partitions_to)
         held = [0] * partitions
         for slot in mapping.values():
             held[int(slot)] += 1
@@ -205,32 +206,32 @@ def complete_mapping(record: dict[str, Any], keys: set[str]) -> dict[str, Any]:
             mapping[key] = slot
             held[slot] += 1
         log.info("switch %s: %d key(s) with state but not in the plan's sample placed on the least loaded slots: %s",
-                 record["switch_id"], len(missing), ", ".join(missing[:10]))
-        record["mapping"] = mapping
-        record["keys_added_to_plan"] = len(missing)
+                 record.switch_id, len(missing), ", ".join(missing[:10]))
+        record.mapping = mapping
+        record.keys_added_to_plan = len(missing)
     return record
 
 
-def publish(settings: Settings, record: dict[str, Any], restore: bool = False) -> int:
+def publish(settings: Settings, record: SwitchRecord, restore: bool = False) -> int:
     """Publish the switch's assignment as epoch `epoch_to` in Redis, unless an epoch at least
     that new is in force already (idempotent). With `restore`, publish the assignment the switch
     left (`mapping_from`, or the rule) as a new epoch instead (a rollback). Returns the epoch in force."""
     from keyshift.errors import PlacementError
     from keyshift.placement.assignment_store import AssignmentStore
 
-    store = AssignmentStore.from_settings(settings, record["topic"])
+    store = AssignmentStore.from_settings(settings, record.topic)
     try:
         current = store.epoch()
     except PlacementError:
         current = 0
     if restore:
-        mapping = record.get("mapping_from") or {}
-        return store.publish(record["strategy_from"], int(record["partitions_from"]), mapping,
-                             split={k: tuple(v) for k, v in (record.get("split_from") or {}).items()} or None)
-    if current >= int(record["epoch_to"]):
+        mapping = record.mapping_from or {}
+        return store.publish(record.strategy_from, int(record.partitions_from), mapping,
+                             split={k: tuple(v) for k, v in (record.split_from or {}).items()} or None)
+    if current >= int(record.epoch_to):
         return current
-    split = {k: tuple(v) for k, v in (record.get("split") or {}).items()}
-    return store.publish(record["strategy_to"], int(record["partitions_to"]), record["mapping"], epoch=int(record["epoch_to"]),
+    split = {k: tuple(v) for k, v in (record.split or {}).items()}
+    return store.publish(record.strategy_to, int(record.partitions_to), record.mapping, epoch=int(record.epoch_to),
                          split=split or None)
 
 
@@ -239,12 +240,12 @@ def verify_and_finish(
     settings: Settings,
     run_dir: Path,
     segment: Segment,
-    record: dict[str, Any],
+    record: SwitchRecord,
     control: SwitchControl,
     variables: Sequence[MapStateVariable],
     first_commit_at: float,
     conservation: Callable[[], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> SwitchRecord:
     """Steps verified and done, once the new query committed its first batch.
 
     Every key's state must sit on the stateful partition of its assigned slot (state reader
@@ -258,17 +259,17 @@ def verify_and_finish(
     Raises:
         JobError: a key's state is on a slot its assignment does not give it.
     """
-    pause = first_commit_at - float(record.get("stop_requested_at") or first_commit_at)
-    if record.get("query_started_at"):
-        record.setdefault("step_seconds", {})["first_batch"] = round(first_commit_at - float(record["query_started_at"]), 3)
-    split = {k: tuple(v) for k, v in (record.get("split") or {}).items()}
+    pause = first_commit_at - float(record.stop_requested_at or first_commit_at)
+    if record.query_started_at:
+        record.step_seconds["first_batch"] = round(first_commit_at - float(record.query_started_at), 3)
+    split = {k: tuple(v) for k, v in (record.split or {}).items()}
     # A key first seen in the new query's first batch (absent from the plan and from the migrated
     # state) was placed by the store's atomic assign (`assignment_token_lookup`), not by the rule.
     placed = None
-    if record["strategy_to"] not in ("hash", "modulo"):
+    if record.strategy_to not in ("hash", "modulo"):
         from keyshift.placement.assignment_store import AssignmentStore
 
-        placed = AssignmentStore.from_settings(settings, record["topic"]).slot_of
+        placed = AssignmentStore.from_settings(settings, record.topic).slot_of
     slot_of = slot_function(record, placed)
 
     partitions = segment.partitions
@@ -282,20 +283,20 @@ def verify_and_finish(
     conserved = conservation() if conservation is not None else None
     if not placement["ok"]:
         control.conclude(record, "failed", error=f"state on the wrong slot: {placement['misplaced']}", verify=placement)
-        raise JobError(f"switch {record['switch_id']}: state on the wrong slot after the switch: {placement['misplaced']}")
+        raise JobError(f"switch {record.switch_id}: state on the wrong slot after the switch: {placement['misplaced']}")
     record = control.advance(record, "verified", time.monotonic() - t, verify={"placement": placement, "conservation": conserved},
                              pause_seconds=round(pause, 3))
     record = control.advance(record, "done")
     record = control.conclude(record, "done")
     _record_cost(settings, record)
     log.info("switch %s done: %s -> %s, P %s -> %s, pause %.2f s, %s state rows migrated",
-             record["switch_id"], record["strategy_from"], record["strategy_to"], record["partitions_from"],
-             record["partitions_to"], pause, sum((record.get("migration") or {}).get("state_rows_written", {}).values()),
+             record.switch_id, record.strategy_from, record.strategy_to, record.partitions_from,
+             record.partitions_to, pause, sum((record.migration or {}).get("state_rows_written", {}).values()),
              extra=STEP)
     return record
 
 
-def _record_cost(settings: Settings, record: dict[str, Any]) -> None:
+def _record_cost(settings: Settings, record: SwitchRecord) -> None:
     """Make this switch the topic's last switch for the balance monitor's triggers: when, from,
     to, and its measured cost (the pause, seconds, which includes moving the state), so that
     cost_aware's margin and cool-down count real switches, by hand or by the monitor."""
@@ -305,24 +306,24 @@ def _record_cost(settings: Settings, record: dict[str, Any]) -> None:
 
     try:
         client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10)
-        client.hset(redis_balance_switch_key(record["topic"]), mapping={
-            "at_s": repr(float(record.get("finished_at") or time.time())), "strategy_from": record["strategy_from"],
-            "strategy_to": record["strategy_to"], "migration_s": repr(float(record["pause_seconds"])),
-            "state_bytes_moved": int((record.get("migration") or {}).get("state_bytes_moved", 0)),
+        client.hset(redis_balance_switch_key(record.topic), mapping={
+            "at_s": repr(float(record.finished_at or time.time())), "strategy_from": record.strategy_from,
+            "strategy_to": record.strategy_to, "migration_s": repr(float(record.pause_seconds)),
+            "state_bytes_moved": int((record.migration or {}).get("state_bytes_moved", 0)),
         })
     except redis.RedisError as exc:  # the switch is done; a missing cost only leaves the previous one in use
-        log.warning("switch %s: its cost was not recorded for the monitor (%s)", record["switch_id"], exc)
+        log.warning("switch %s: its cost was not recorded for the monitor (%s)", record.switch_id, exc)
 
 
-def roll_back(settings: Settings, segments: list[Segment], record: dict[str, Any], control: SwitchControl,
+def roll_back(settings: Settings, segments: list[Segment], record: SwitchRecord, control: SwitchControl,
               save_segments: Callable[[list[Segment]], None], error: str) -> list[Segment]:
     """Undo a switch whose new query failed before its first commit: drop its segment,
     republish the old assignment as a newer epoch if the new one was published, record it."""
-    if segments and segments[-1].switch_id == record["switch_id"]:
+    if segments and segments[-1].switch_id == record.switch_id:
         segments = segments[:-1]
         save_segments(segments)
-    if step_index(record.get("step", "requested")) >= step_index("published"):
+    if step_index(record.step) >= step_index("published"):
         publish(settings, record, restore=True)
     control.conclude(record, "rolled_back", error=error)
-    log.warning("switch %s rolled back: %s", record["switch_id"], error)
+    log.warning("switch %s rolled back: %s", record.switch_id, error)
     return segments

@@ -59,6 +59,7 @@ import redis
 
 from keyshift import names
 from keyshift.errors import ConfigurationError, JobError, StackError, SwitchNotReady
+from keyshift.migration.switch_record import SwitchRecord
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -96,44 +97,45 @@ class SwitchControl:
         """A control on the stack's Redis."""
         return cls(redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=10), run_id)
 
-    def current(self) -> dict[str, Any] | None:
+    def current(self) -> SwitchRecord | None:
         """The run's current or last switch record, or None."""
         raw = self.client.get(self.record_key)
-        return json.loads(raw) if raw else None
+        return SwitchRecord.from_json(json.loads(raw)) if raw else None
 
-    def pending(self) -> dict[str, Any] | None:
+    def pending(self) -> SwitchRecord | None:
         """The current record if a switch is under way (not done, failed or rolled back)."""
         record = self.current()
-        return record if record is not None and record.get("state") not in FINAL_STATES else None
+        return record if record is not None and record.state not in FINAL_STATES else None
 
-    def save(self, record: dict[str, Any]) -> dict[str, Any]:
+    def save(self, record: SwitchRecord) -> SwitchRecord:
         """Write `record` as the current one (stamped `updated_at`); returns it."""
-        record["updated_at"] = time.time()
-        self.client.set(self.record_key, json.dumps(record, sort_keys=True))
+        record.updated_at = time.time()
+        self.client.set(self.record_key, json.dumps(record.as_json(), sort_keys=True))
         return record
 
-    def advance(self, record: dict[str, Any], step: str, seconds: float | None = None, **fields: Any) -> dict[str, Any]:
-        """Mark `step` completed (taking `seconds`), add `fields`, save; returns the record."""
-        record.update(fields)
-        record["step"] = step
-        record["state"] = "done" if step == "done" else "running"
+    def advance(self, record: SwitchRecord, step: str, seconds: float | None = None, **fields: Any) -> SwitchRecord:
+        """Mark `step` completed (taking `seconds`), set `fields` (`SwitchRecord.update`), save;
+        returns the record."""
+        record.update(**fields)
+        record.step = step
+        record.state = "done" if step == "done" else "running"
         if seconds is not None:
-            record.setdefault("step_seconds", {})[step] = round(seconds, 3)
-        log.info("switch %s of run %s: %s%s", record["switch_id"], self.run_id, step, f" ({seconds:.2f} s)" if seconds is not None else "")
+            record.step_seconds[step] = round(seconds, 3)
+        log.info("switch %s of run %s: %s%s", record.switch_id, self.run_id, step, f" ({seconds:.2f} s)" if seconds is not None else "")
         return self.save(record)
 
-    def conclude(self, record: dict[str, Any], state: str, **fields: Any) -> dict[str, Any]:
+    def conclude(self, record: SwitchRecord, state: str, **fields: Any) -> SwitchRecord:
         """End the switch as `state` (done, failed, rolled_back): save and push it on the history."""
-        record.update(fields)
-        record["state"] = state
-        record["finished_at"] = time.time()
+        record.update(**fields)
+        record.state = state
+        record.finished_at = time.time()
         self.save(record)
-        self.client.lpush(self.history_key, json.dumps(record, sort_keys=True))
+        self.client.lpush(self.history_key, json.dumps(record.as_json(), sort_keys=True))
         return record
 
-    def history(self, count: int = 20) -> list[dict[str, Any]]:
+    def history(self, count: int = 20) -> list[SwitchRecord]:
         """The last `count` finished switches of the run, newest first."""
-        return [json.loads(r) for r in self.client.lrange(self.history_key, 0, count - 1)]
+        return [SwitchRecord.from_json(json.loads(r)) for r in self.client.lrange(self.history_key, 0, count - 1)]
 
     def acquire(self, holder: str) -> None:
         """Take the run's switch lock for `holder` ("host:pid:uuid").
@@ -153,7 +155,7 @@ class SwitchControl:
             self.client.set(self.lock_key, holder, ex=LOCK_TTL_S)
             return
         under_way = self.pending()
-        what = f" (switch {under_way['switch_id']} to {under_way['strategy_to']}, step {under_way['step']})" if under_way else ""
+        what = f" (switch {under_way.switch_id} to {under_way.strategy_to}, step {under_way.step})" if under_way else ""
         raise JobError(f"another switch of run {self.run_id} is in progress{what}, held by {other}; wait for it to finish")
 
     def release(self, holder: str) -> None:
@@ -316,8 +318,8 @@ def request_switch(
     reason: str = "requested by hand",
     wait_timeout_s: float = 600.0,
     sample_events: int = 100_000,
-    on_update: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    on_update: Callable[[SwitchRecord], None] | None = None,
+) -> SwitchRecord:
     """Switch run `run_id` to `strategy` (and `partitions`), or finish a switch left unfinished.
 
     Args:
@@ -375,18 +377,18 @@ def request_switch(
             view = SegmentView(last.strategy, last.partitions, last.epoch, last.topic, last.assignment, last.split_slots)
             record = _plan_record(settings, control, view, strategy, partitions or view.partitions, reason, sample_events)
         else:
-            log.info("run %s: finishing switch %s (step %s)", run_id, record["switch_id"], record["step"])
+            log.info("run %s: finishing switch %s (step %s)", run_id, record.switch_id, record.step)
         if not _driver_alive(settings, run_id):
-            record["in_driver"] = False
+            record.in_driver = False
             control.save(record)
             relaunch_driver(settings, run_id)
-        return _wait(control, record["switch_id"], wait_timeout_s, on_update, lambda: _driver_alive(settings, run_id))
+        return _wait(control, record.switch_id, wait_timeout_s, on_update, lambda: _driver_alive(settings, run_id))
     finally:
         control.release(holder)
 
 
 def _plan_record(settings: Settings, control: SwitchControl, view: SegmentView, strategy: str, partitions: int,
-                 reason: str, sample_events: int) -> dict[str, Any]:
+                 reason: str, sample_events: int) -> SwitchRecord:
     from keyshift.migration.plan import plan_switch
     from keyshift.placement.assignment_store import AssignmentStore
 
@@ -399,40 +401,40 @@ def _plan_record(settings: Settings, control: SwitchControl, view: SegmentView, 
         published = AssignmentStore.from_settings(settings, view.topic).epoch()
     except Exception:  # nothing published yet (a rule strategy run)
         published = 0
-    record = {
-        "switch_id": f"sw-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:4]}",
-        "run_id": control.run_id, "topic": view.topic, "reason": reason, "requested_at": time.time(),
-        "strategy_from": view.strategy, "strategy_to": strategy, "partitions_from": view.partitions, "partitions_to": partitions,
-        "epoch_from": view.epoch, "epoch_to": max(view.epoch, published) + 1,
-        "mapping": plan.mapping, "split": {k: list(v) for k, v in plan.split.items()},
-        "mapping_from": view.assignment or {}, "split_from": {k: list(v) for k, v in (view.split or {}).items()},
-        "plan": plan.as_record(), "sampled_events": sum(loads.values()), "in_driver": True,
-    }
+    record = SwitchRecord(
+        switch_id=f"sw-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:4]}",
+        run_id=control.run_id, topic=view.topic, reason=reason, requested_at=time.time(),
+        strategy_from=view.strategy, strategy_to=strategy, partitions_from=view.partitions, partitions_to=partitions,
+        epoch_from=view.epoch, epoch_to=max(view.epoch, published) + 1,
+        mapping=dict(plan.mapping), split={k: list(v) for k, v in plan.split.items()},
+        mapping_from=dict(view.assignment or {}), split_from={k: list(v) for k, v in (view.split or {}).items()},
+        plan=plan.as_record(), sampled_events=sum(loads.values()), in_driver=True,
+    )
     record = control.advance(record, "requested", time.monotonic() - started)
-    record["state"] = "requested"
+    record.state = "requested"
     return control.save(record)
 
 
-def _wait(control: SwitchControl, switch_id: str, timeout_s: float, on_update, driver_alive: Callable[[], bool]) -> dict[str, Any]:
+def _wait(control: SwitchControl, switch_id: str, timeout_s: float, on_update, driver_alive: Callable[[], bool]) -> SwitchRecord:
     deadline = time.monotonic() + timeout_s
     last_step = None
     next_check = time.monotonic() + 20.0  # a relaunched driver needs a few seconds to record itself
     while time.monotonic() < deadline:
         record = control.current()
-        if record is None or record["switch_id"] != switch_id:
+        if record is None or record.switch_id != switch_id:
             raise JobError(f"switch {switch_id} of run {control.run_id} vanished from Redis")
-        if record.get("step") != last_step or record.get("state") in FINAL_STATES:
-            last_step = record.get("step")
+        if record.step != last_step or record.state in FINAL_STATES:
+            last_step = record.step
             if on_update is not None:
                 on_update(record)
-        if record.get("state") == "done":
+        if record.state == "done":
             return record
-        if record.get("state") in ("failed", "rolled_back"):
-            raise JobError(f"switch {switch_id} of run {control.run_id} {record['state']} at step {record.get('step')}: {record.get('error')}")
+        if record.state in ("failed", "rolled_back"):
+            raise JobError(f"switch {switch_id} of run {control.run_id} {record.state} at step {record.step}: {record.error}")
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 2.0
             if not driver_alive():
-                raise JobError(f"the driver of run {control.run_id} is not running (switch {switch_id} left at step {record.get('step')});"
+                raise JobError(f"the driver of run {control.run_id} is not running (switch {switch_id} left at step {record.step});"
                                f" run `keyshift switch --run {control.run_id}` again to finish it")
         time.sleep(0.5)
     raise JobError(f"switch {switch_id} of run {control.run_id} not done after {timeout_s:.0f} s (step {last_step}); run `keyshift switch --run {control.run_id}` again to finish it")

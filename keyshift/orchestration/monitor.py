@@ -210,6 +210,7 @@ def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredS
     import redis
 
     from keyshift.errors import StackError
+    from keyshift.migration.switch_record import SwitchRecord
     from keyshift.monitoring.switch_policies import RECENT_SWITCHES, MeasuredSwitch
 
     per_run = per_run or RECENT_SWITCHES
@@ -225,14 +226,14 @@ def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredS
     for key, texts in zip(keys, lists):
         for text in texts:
             try:
-                record = json.loads(text)
-            except ValueError:
-                log.warning("%s holds a record that is not JSON; skipped", key)
+                record = SwitchRecord.from_json(json.loads(text))
+            except (ValueError, ConfigurationError) as exc:
+                log.warning("%s holds a record that is not a switch record (%s); skipped", key, exc)
                 continue
-            pause, finished = record.get("pause_seconds"), record.get("finished_at")
-            if record.get("state") != "done" or isinstance(pause, bool) or not isinstance(pause, (int, float)) or not pause >= 0:
+            pause, finished = record.pause_seconds, record.finished_at
+            if record.state != "done" or isinstance(pause, bool) or not isinstance(pause, (int, float)) or not pause >= 0:
                 continue
-            found.append(MeasuredSwitch(float(pause), record.get("switch_id"), record.get("topic"),
+            found.append(MeasuredSwitch(float(pause), record.switch_id, record.topic,
                                         float(finished) if isinstance(finished, (int, float)) else None))
     found.sort(key=lambda s: -s.finished_at_s if s.finished_at_s is not None else math.inf)
     return found
@@ -653,8 +654,8 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> R
                                  f"launch one with keyshift_pipeline, or wait until this one runs")
     under_way = SwitchControl(client, run_id).pending()
     if under_way is not None:
-        raise ConfigurationError(f"switch {under_way['switch_id']} of run {run_id} to {under_way['strategy_to']} is under way "
-                                 f"(step {under_way['step']}); wait for it, or finish it with `keyshift switch --run {run_id}`")
+        raise ConfigurationError(f"switch {under_way.switch_id} of run {run_id} to {under_way.strategy_to} is under way "
+                                 f"(step {under_way.step}); wait for it, or finish it with `keyshift switch --run {run_id}`")
     return record
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from keyshift.errors import JobError, SwitchNotReady
+from keyshift.migration.switch_record import SwitchRecord
 from keyshift.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,10 @@ def carry_out(settings: Settings, request: Mapping[str, Any], *, wait_timeout_s:
     log.info("run %s: switching %s/P=%s -> %s/P=%s: %s", run_id, request.get("strategy_from"), request.get("partitions_from"),
              request["strategy"], request.get("partitions_from") if keep_p else partitions, request["reason"])
 
-    def on_update(record: dict[str, Any]) -> None:
-        seconds = (record.get("step_seconds") or {}).get(record.get("step"))
-        log.info("switch %s of run %s: %s at step %s%s (epoch %s -> %s)", record["switch_id"], run_id, record.get("state"),
-                 record.get("step"), f" ({seconds} s)" if seconds is not None else "", record.get("epoch_from"), record.get("epoch_to"))
+    def on_update(record: SwitchRecord) -> None:
+        seconds = record.step_seconds.get(record.step)
+        log.info("switch %s of run %s: %s at step %s%s (epoch %s -> %s)", record.switch_id, run_id, record.state,
+                 record.step, f" ({seconds} s)" if seconds is not None else "", record.epoch_from, record.epoch_to)
 
     try:
         record = request_switch(settings, run_id, request["strategy"], None if keep_p else int(partitions), reason=request["reason"],
@@ -90,12 +91,12 @@ def carry_out(settings: Settings, request: Mapping[str, Any], *, wait_timeout_s:
 
         log.warning("switch of run %s not carried out: %s", run_id, exc)
         raise AirflowSkipException(str(exc)) from exc
-    if record.get("state") != "done":
-        raise JobError(f"switch {record.get('switch_id')} of run {run_id} {record.get('state')} at step {record.get('step')}: "
-                       f"{record.get('error')}")
-    plan, verify = record.get("plan") or {}, record.get("verify") or {}
+    if record.state != "done":
+        raise JobError(f"switch {record.switch_id} of run {run_id} {record.state} at step {record.step}: "
+                       f"{record.error}")
+    plan, verify = record.plan or {}, record.verify or {}
     log.info("switch %s of run %s done: epoch %s in force, pause %s s, moved share %.3f (minimum %.3f), placement ok %s, "
-             "conservation ok %s, in driver %s", record["switch_id"], run_id, record.get("epoch_to"), record.get("pause_seconds"),
+             "conservation ok %s, in driver %s", record.switch_id, run_id, record.epoch_to, record.pause_seconds,
              plan.get("moved_share", 0.0), plan.get("min_moved_share", 0.0), (verify.get("placement") or {}).get("ok"),
-             (verify.get("conservation") or {}).get("ok"), record.get("in_driver"))
-    return {field: record.get(field) for field in RESULT_FIELDS}
+             (verify.get("conservation") or {}).get("ok"), record.in_driver)
+    return {field: getattr(record, field) for field in RESULT_FIELDS}

@@ -51,6 +51,7 @@ from keyshift.runtime.driver_switch import (
     conservation_check, hold_markers_batch, hold_new_query_batch, refuse_switch, settle_switch_at_stop,
     switch_held_for_markers
 )
+from keyshift.migration.switch_record import SwitchRecord
 from keyshift.processing.job_record import (
     Segment, load_job_record, load_segments, save_job_record
 )
@@ -271,15 +272,15 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
     record = control.pending()
     if record is not None and (spec.key_windows or config.exchange == "global_merge"):
         record = refuse_switch(control, record, spec.name, config.exchange)
-    if record is not None and step_index(record["step"]) < step_index("segment"):
+    if record is not None and step_index(record.step) < step_index("segment"):
         # a switch asked for, or cut short before its commit point: the old checkpoint is at
         # rest and nothing is published, so do it now, before the old query starts again
-        log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record["switch_id"], record["step"],
+        log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record.switch_id, record.step,
                  extra=STEP)
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, time.time(),
                                      config.max_stateful_partitions)
         record = control.current()
-    elif record is not None and step_index(record["step"]) < step_index("published"):
+    elif record is not None and step_index(record.step) < step_index("published"):
         in_driver.publish(settings, record)
         record = control.advance(record, "published", None)
     watch: dict[str, Any] | None = None
@@ -323,16 +324,16 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
         task_times.follow(query_name, segment.batch_base, seg_config.partitions, seg_config.stateful_partitions,
                           seg_config.source_tasks)
-        if record is not None and record.get("switch_id") == segment.switch_id and record.get("state") not in ("done", "failed", "rolled_back"):
-            record["query_started_at"] = time.time()
-            if record.get("published_at"):
-                record.setdefault("step_seconds", {})["start_query"] = round(record["query_started_at"] - float(record["published_at"]), 3)
+        if record is not None and record.switch_id == segment.switch_id and record.state not in ("done", "failed", "rolled_back"):
+            record.query_started_at = time.time()
+            if record.published_at:
+                record.step_seconds["start_query"] = round(record.query_started_at - float(record.published_at), 3)
             control.save(record)
         log.info("run %s: query started: %s (strategy %s, P=%d on %d stateful partitions, epoch %d, %s watermark, bound %d ms, "
                  "batch base %d)", config.run_id, query_name, seg_config.strategy, seg_config.partitions, seg_config.stateful_partitions,
                  seg_config.epoch, config.watermark, config.bound_ms, segment.batch_base, extra=STEP)
-        switching = record if record is not None and record.get("state") not in ("done", "failed", "rolled_back") \
-            and record.get("switch_id") == segment.switch_id else None
+        switching = record if record is not None and record.state not in ("done", "failed", "rolled_back") \
+            and record.switch_id == segment.switch_id else None
 
         def finish_switch(rec, first_commit_at=None, segment=segment, sink=sink):
             """Verify switch `rec` once this segment's query committed a batch (at `first_commit_at`,
@@ -395,7 +396,7 @@ def _global_merge_state(settings: Settings, config: JobConfig):
 def _watch(
     query, sink: KeyedWindowSink, recorder: RunRecorder, settings: Settings, config: JobConfig, input_end: InputEnd,
     stop_requested, checkpoint: Path, segment: Segment, control, state: dict[str, Any] | None,
-    switching: dict[str, Any] | None, finish_switch, save_end,
+    switching: SwitchRecord | None, finish_switch, save_end,
 ) -> dict[str, Any]:
     """Follow the query batch by batch, publish progress, and decide when a run is done.
 
@@ -483,11 +484,11 @@ def _watch(
             except Exception as exc:  # Redis restarting: switches wait, the job goes on
                 log.warning("run %s: cannot read switch requests (%s)", config.run_id, exc)
                 request = None
-            if request is not None and request.get("step") == "requested" and switch_held_for_markers(segment, state):
+            if request is not None and request.step == "requested" and switch_held_for_markers(segment, state):
                 request = None  # a test's failpoint: the switch waits until a batch has read the markers
-            if request is not None and request.get("step") == "requested":
-                log.info("run %s: switch %s requested: %s/P=%d -> %s/P=%s", config.run_id, request["switch_id"],
-                         config.strategy, config.partitions, request["strategy_to"], request["partitions_to"], extra=STEP)
+            if request is not None and request.step == "requested":
+                log.info("run %s: switch %s requested: %s/P=%d -> %s/P=%s", config.run_id, request.switch_id,
+                         config.strategy, config.partitions, request.strategy_to, request.partitions_to, extra=STEP)
                 state["outcome"] = "switch"
                 state["switch_record"] = request
                 return state

@@ -14,6 +14,7 @@ from typing import Any
 
 from keyshift.console import STEP
 from keyshift.processing.job_query import JobConfig
+from keyshift.migration.switch_record import SwitchRecord
 from keyshift.processing.job_record import Segment
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
 from keyshift.processing.outputs.sinks import KeyedWindowSink
@@ -23,7 +24,7 @@ from keyshift.processing.spark_checkpoint import committed_batches, pending_even
 
 log = logging.getLogger(__name__)
 
-def refuse_switch(control, record: dict[str, Any], job: str, exchange: str = "local_merge") -> None:
+def refuse_switch(control, record: SwitchRecord, job: str, exchange: str = "local_merge") -> None:
     """End a switch asked of a key-window job or of a `global_merge` run as failed, with the
     reason; returns None (no switch). A global_merge run keeps its windows in Redis whatever the
     placement, so there is no state to move: restart its producers with the new strategy instead.
@@ -38,7 +39,7 @@ def refuse_switch(control, record: dict[str, Any], job: str, exchange: str = "lo
                   "has no state to move (re-place the producers instead)")
     else:
         reason = f"job {job} computes key windows; switching a key-window job is not supported (restart it with another strategy instead)"
-    log.warning("run %s: switch %s refused: %s", control.run_id, record.get("switch_id"), reason)
+    log.warning("run %s: switch %s refused: %s", control.run_id, record.switch_id, reason)
     control.conclude(record, "failed", error=reason)
     return None
 
@@ -84,7 +85,7 @@ def switch_held_for_markers(segment: Segment, state: dict[str, Any]) -> bool:
     return False
 
 
-def settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, config: JobConfig,
+def settle_switch_at_stop(control, switching: SwitchRecord, checkpoint: Path, config: JobConfig,
                            finish_switch) -> None:
     """A run stopped while switch `switching`'s new query ran: finish the switch if that query
     committed a batch and the switch was not verified yet; else leave it at step `published`,
@@ -105,24 +106,24 @@ def settle_switch_at_stop(control, switching: dict[str, Any], checkpoint: Path, 
 
     try:
         record = control.current()
-        if record is None or record.get("switch_id") != switching.get("switch_id") or record.get("state") in FINAL_STATES:
+        if record is None or record.switch_id != switching.switch_id or record.state in FINAL_STATES:
             return  # verified while the query ran
         committed = committed_batches(checkpoint, config.topic)[0]
         if not committed:
             log.warning("run %s: stopped before switch %s's new query committed a batch; the switch stays at step %s and "
-                        "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record["switch_id"],
-                        record.get("step"))
+                        "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record.switch_id,
+                        record.step)
             return
         log.info("run %s: stopped after switch %s's new query committed its first batch; verifying the switch",
-                 config.run_id, record["switch_id"], extra=STEP)
+                 config.run_id, record.switch_id, extra=STEP)
         # the pause (the cost_aware trigger's migration cost) ends at that commit, not at the stop
         finish_switch(record, (checkpoint / "commits" / str(committed[0])).stat().st_mtime)
     except redis.RedisError as exc:
         log.warning("run %s: switch %s not verified at the stop (Redis: %s); it completes when the run resumes",
-                    config.run_id, switching.get("switch_id"), exc)
+                    config.run_id, switching.switch_id, exc)
 
 
-def hold_new_query_batch(sink, segment: Segment, switching: dict[str, Any] | None) -> None:
+def hold_new_query_batch(sink, segment: Segment, switching: SwitchRecord | None) -> None:
     """Failpoint `switch.hold_first_batch@n` (n = this segment's index, the run's n-th switch): the
     sink holds the first batch of switch n's new query for `HOLD_SECONDS` after its outputs, so
     that a stop asked meanwhile comes before the switch is verified. A no-op outside tests."""

@@ -327,8 +327,9 @@ class Reader:
 
         try:
             control = SwitchControl(self.client, run_id)
-            return data.switch_rows(control.history(SWITCHES), control.current())
-        except (redis.RedisError, ValueError) as exc:
+            current = control.current()
+            return data.switch_rows([r.as_json() for r in control.history(SWITCHES)], current.as_json() if current else None)
+        except (redis.RedisError, ValueError, ConfigurationError) as exc:
             self.redis_error = f"Redis did not answer ({exc})"
             return []
 

@@ -313,8 +313,11 @@ def test_record_request_refuses(stack_settings, run_records, case, match):
         conf["run_id"] = write("stopped")
     elif case == "under way":
         run_id = write("running")
-        client.set(names.redis_switch_record_key(run_id), json.dumps({"switch_id": "sw-1", "state": "running", "step": "stopped",
-                                                                       "strategy_to": "hot_split"}))
+        from keyshift.migration.switch_record import SwitchRecord
+
+        record = SwitchRecord(switch_id="sw-1", run_id=run_id, topic=topic, strategy_from="hash", strategy_to="hot_split",
+                              partitions_from=8, partitions_to=8, epoch_from=0, epoch_to=1, state="running", step="stopped")
+        client.set(names.redis_switch_record_key(run_id), json.dumps(record.as_json()))
     elif case == "no change":
         write("running", strategy="least_count")
         conf = {"topic": topic, "strategy": "least_count", "reason": "by hand"}

@@ -114,7 +114,7 @@ def switch_at_the_markers(settings, tmp_path: Path, label: str, flights: int, pe
     process = start(args, driver_log, failpoint=failpoint)
     wait_for(lambda: batches_done(run_dir) >= 1, process, 600, "batch 1")
     record = request_switch(settings, run_id, strategy, partitions, reason=f"failpoint {failpoint}", wait_timeout_s=600)
-    assert record["state"] == "done", record.get("error")
+    assert record.state == "done", record.error
     assert process.wait(timeout=600) == 0, f"the run failed; see {driver_log}"
     return run_dir, record
 

@@ -57,16 +57,17 @@ def topic(stack_settings, client):
 def switches(client):
     """`write(topic, pause_s, state="done") -> record`: one finished switch of a run of its own, written by `SwitchControl`."""
     from keyshift.migration.switch import SwitchControl
+    from keyshift.migration.switch_record import SwitchRecord
 
     runs: list[str] = []
 
-    def write(on_topic: str, pause_s: float, state: str = "done") -> dict:
+    def write(on_topic: str, pause_s: float, state: str = "done") -> SwitchRecord:
         run_id = f"it-costaware-{uuid.uuid4().hex[:8]}"
         runs.append(run_id)
         control = SwitchControl(client, run_id)
-        record = {"switch_id": f"sw-it-{uuid.uuid4().hex[:6]}", "run_id": run_id, "topic": on_topic, "strategy_from": "hash",
-                  "strategy_to": "least_count", "partitions_from": 4, "partitions_to": 4, "reason": "test", "step": "verified",
-                  "migration": {"state_bytes_moved": 0}}
+        record = SwitchRecord(switch_id=f"sw-it-{uuid.uuid4().hex[:6]}", run_id=run_id, topic=on_topic, strategy_from="hash",
+                              strategy_to="least_count", partitions_from=4, partitions_to=4, epoch_from=0, epoch_to=1, reason="test",
+                              step="verified", migration={"state_bytes_moved": 0})
         control.save(record)
         if state == "done":
             record = control.advance(record, "verified", 1.0, pause_seconds=pause_s)

@@ -120,8 +120,8 @@ def test_a_switch_in_an_aligned_backfill_keeps_the_windows(settings, backfills, 
     process = start(_cli(topic, run_id, flights, "key"), tmp_path / "driver.log")
     wait_for(lambda: batches_done(run_dir) >= 2, process, 600, "batch 2")
     record = request_switch(settings, run_id, "least_count", None, reason="alignment test", wait_timeout_s=600)
-    assert record["state"] == "done", record.get("error")
+    assert record.state == "done", record.error
     assert process.wait(timeout=900) == 0, f"the run failed; see {tmp_path / 'driver.log'}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["switches"] == [record["switch_id"]] and summary["partition_drift_bound_ms"] == DAY_MS
+    assert summary["switches"] == [record.switch_id] and summary["partition_drift_bound_ms"] == DAY_MS
     assert_lossless(summary, reference, flights)

@@ -140,10 +140,10 @@ def test_a_switch_in_a_drifted_backfill_keeps_the_windows(settings, drifted, tmp
     process = start(_cli(settings, topic, run_id, flights), tmp_path / "driver.log")
     wait_for(lambda: batches_done(run_dir) >= 2, process, 600, "batch 2")
     record = request_switch(settings, run_id, "least_count", None, reason="drift test", wait_timeout_s=600)
-    assert record["state"] == "done", record.get("error")
+    assert record.state == "done", record.error
     assert process.wait(timeout=900) == 0, f"the run failed; see {tmp_path / 'driver.log'}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["switches"] == [record["switch_id"]]
+    assert summary["switches"] == [record.switch_id]
     assert_lossless(summary, reference, flights)
 
 

@@ -56,7 +56,7 @@ def test_a_stop_during_a_switchs_first_batch_finishes_the_switch(stack_settings,
             if process.poll() is None:  # the driver, its JVM and its Python workers
                 os.killpg(process.pid, signal.SIGKILL)
 
-    assert record["state"] == "done" and record["step"] == "done", record
+    assert record.state == "done" and record.step == "done", record
     assert SwitchControl.from_settings(stack_settings, run_id).pending() is None
     segments = load_segments(run_dir)
     assert len(segments) == 2 and segments[-1].strategy == "least_count"

@@ -44,9 +44,9 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
     for number, (strategy, partitions) in enumerate(SWITCHES):
         wait_for(lambda: batches_done(run_dir) >= 2 + 3 * number, process, 600, f"batch {2 + 3 * number}")
         record = request_switch(stack_settings, run_id, strategy, partitions, reason=f"test switch {number + 1}", wait_timeout_s=300)
-        assert record["state"] == "done" and record["in_driver"]
-        assert record["verify"]["placement"]["ok"] and record["verify"]["placement"]["state_rows"] > 0
-        assert record["verify"]["conservation"]["ok"], record["verify"]["conservation"]
+        assert record.state == "done" and record.in_driver
+        assert record.verify["placement"]["ok"] and record.verify["placement"]["state_rows"] > 0
+        assert record.verify["conservation"]["ok"], record.verify["conservation"]
         records.append(record)
     assert process.wait(timeout=1200) == 0, f"the switching run failed; see {tmp_path / 'driver.log'}"
 
@@ -59,17 +59,17 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
     assert [s["stateful_partitions"] for s in segments] == [min(p, cap) for p in (8, 8, 8, 12)]
     assert summary["stateful_partitions"] == min(12, cap)
     history = SwitchControl.from_settings(stack_settings, run_id).history()
-    assert [h["switch_id"] for h in history] == [r["switch_id"] for r in reversed(records)]
-    epochs = [r["epoch_to"] for r in records]
+    assert [h.switch_id for h in history] == [r.switch_id for r in reversed(records)]
+    epochs = [r.epoch_to for r in records]
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
     progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     assert {p["epoch"] for p in progress} >= set(epochs)
     (tmp_path / "switches.json").write_text(json.dumps([
-        {k: r.get(k) for k in ("switch_id", "strategy_from", "strategy_to", "partitions_from", "partitions_to", "pause_seconds",
+        {k: getattr(r, k) for k in ("switch_id", "strategy_from", "strategy_to", "partitions_from", "partitions_to", "pause_seconds",
                                "step_seconds", "migration", "plan")} for r in records], indent=1, default=str))
     for r in records:
-        print(f"{r['strategy_from']}/{r['partitions_from']} -> {r['strategy_to']}/{r['partitions_to']}: pause {r['pause_seconds']} s, "
-              f"steps {r['step_seconds']}, state rows {r['migration']['state_rows_written']}")
+        print(f"{r.strategy_from}/{r.partitions_from} -> {r.strategy_to}/{r.partitions_to}: pause {r.pause_seconds} s, "
+              f"steps {r.step_seconds}, state rows {r.migration['state_rows_written']}")
 
 
 def test_slots_over_fewer_stateful_partitions_equal_the_run_with_one_per_slot(stack_settings, oracle, spark, tmp_path):

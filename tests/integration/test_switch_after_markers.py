@@ -33,7 +33,7 @@ def test_a_switch_right_after_the_markers_still_closes_every_window(stack_settin
     # the failpoint made the cut come after the markers' batch: the new segment wrote its own
     assert "the end-of-input markers were read before this segment's start; writing them again" in text, text[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["segments"] == 2 and summary["switches"] == [record["switch_id"]]
+    assert summary["segments"] == 2 and summary["switches"] == [record.switch_id]
     assert summary["reconciled"] and summary["pending_events"] == 0
     assert summary["late_events"] == 0 and summary["dead_letters"] == 40 and summary["events_read"] == FLIGHTS + 40
     comparison = compare_to_reference(run_dir / "windows", reference_windows(flights_path(stack_settings), limit=FLIGHTS))

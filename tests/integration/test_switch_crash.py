@@ -58,22 +58,22 @@ def test_kill_9_at_a_switch_step_then_switch_again(stack_settings, small_oracle,
     assert process.returncode < 0, f"the failpoint did not kill the driver; see {tmp_path / 'driver.log'}"
     assert first.returncode == 1 and f"keyshift switch --run {run_id}" in first.stderr, first.stderr
     left = SwitchControl.from_settings(stack_settings, run_id).current()
-    assert left["step"] == step and left["state"] not in ("done", "failed", "rolled_back")
+    assert left.step == step and left.state not in ("done", "failed", "rolled_back")
 
     again = subprocess.run([KEYSHIFT, "switch", "--run", run_id, "--timeout", "300"], capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stdout + again.stderr
     record = SwitchControl.from_settings(stack_settings, run_id).current()
-    assert record["state"] == "done" and record["switch_id"] == left["switch_id"] and not record["in_driver"]
-    assert record["verify"]["placement"]["ok"] and record["verify"]["conservation"]["ok"]
+    assert record.state == "done" and record.switch_id == left.switch_id and not record.in_driver
+    assert record.verify["placement"]["ok"] and record.verify["conservation"]["ok"]
 
     deadline = time.monotonic() + 600
     while not (run_dir / "summary.json").exists():
         assert time.monotonic() < deadline, f"the resumed run did not finish; see {run_dir}"
         time.sleep(1)
     summary = assert_equals_the_oracle(stack_settings, run_id, small_oracle)
-    assert summary["switches"] == [record["switch_id"]] and summary["strategy"] == "least_count"
-    (tmp_path / "switch.json").write_text(json.dumps({"step": step, "pause_seconds": record.get("pause_seconds"),
-                                                       "step_seconds": record.get("step_seconds")}))
+    assert summary["switches"] == [record.switch_id] and summary["strategy"] == "least_count"
+    (tmp_path / "switch.json").write_text(json.dumps({"step": step, "pause_seconds": record.pause_seconds,
+                                                       "step_seconds": record.step_seconds}))
 
 
 def test_a_new_query_that_fails_before_its_first_commit_rolls_back(stack_settings, small_oracle, tmp_path):
@@ -89,10 +89,10 @@ def test_a_new_query_that_fails_before_its_first_commit_rolls_back(stack_setting
                               capture_output=True, text=True, timeout=400)
     assert switched.returncode == 1 and "rolled_back" in switched.stderr, switched.stderr
     record = SwitchControl.from_settings(stack_settings, run_id).current()
-    assert record["state"] == "rolled_back" and "failpoint" in record["error"]
+    assert record.state == "rolled_back" and "failpoint" in record.error
     # the old assignment is in force again, under an epoch newer than the switch's
     snapshot = AssignmentStore.from_settings(stack_settings, topic).snapshot()
-    assert snapshot["strategy"] == "hash" and snapshot["epoch"] > record["epoch_to"]
+    assert snapshot["strategy"] == "hash" and snapshot["epoch"] > record.epoch_to
 
     assert process.wait(timeout=900) == 0, f"the run did not go on after the rollback; see {tmp_path / 'driver.log'}"
     summary = assert_equals_the_oracle(stack_settings, run_id, small_oracle)

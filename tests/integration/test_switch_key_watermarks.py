@@ -38,10 +38,10 @@ def test_switches_carry_key_watermarks_and_lose_no_flight(stack_settings, tmp_pa
     for number, (strategy, partitions) in enumerate((("hot_split", None), ("least_count", 12))):
         wait_for(lambda: batches_done(run_dir) >= 2 + 2 * number, process, 600, f"batch {2 + 2 * number}")
         record = request_switch(stack_settings, run_id, strategy, partitions, reason=f"key watermarks {number + 1}", wait_timeout_s=300)
-        assert record["state"] == "done", record.get("error")
-        assert record["verify"]["placement"]["ok"] and record["verify"]["conservation"]["ok"], record["verify"]
+        assert record.state == "done", record.error
+        assert record.verify["placement"]["ok"] and record.verify["conservation"]["ok"], record.verify
         # key mode keeps each key's clock in its pending-windows value: the clocks moved with the windows
-        migrated = pd.read_parquet(run_dir / "switches" / record["switch_id"] / "initial_state.parquet")
+        migrated = pd.read_parquet(run_dir / "switches" / record.switch_id / "initial_state.parquet")
         windows = migrated[migrated[STATE_VAR_COLUMN] == PENDING_STATE_NAME]
         assert sum(KeyClock.unpack(c) is not None for c in windows["clock"]) > 0, "no clock moved with the windows"
         records.append(record)

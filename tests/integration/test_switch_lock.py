@@ -16,11 +16,13 @@ pytestmark = pytest.mark.integration
 
 def test_a_second_switch_gets_a_clear_error_and_a_dead_holder_is_taken_over(stack_settings):
     from keyshift.migration.switch import SwitchControl
+    from keyshift.migration.switch_record import SwitchRecord
 
     run_id = f"it-lock-{uuid.uuid4().hex[:8]}"
     control = SwitchControl.from_settings(stack_settings, run_id)
     try:
-        control.save({"switch_id": "sw-first", "state": "running", "step": "migrated", "strategy_to": "least_count"})
+        control.save(SwitchRecord(switch_id="sw-first", run_id=run_id, topic="flights", strategy_from="hash", strategy_to="least_count",
+                                  partitions_from=8, partitions_to=8, epoch_from=0, epoch_to=1, state="running", step="migrated"))
         mine = f"{socket.gethostname()}:{subprocess.os.getpid()}:a"
         control.acquire(mine)
         with pytest.raises(JobError, match=r"another switch of run .* is in progress \(switch sw-first to least_count, step migrated\)"):

@@ -41,7 +41,7 @@ def test_a_switch_before_the_markers_batch_ignores_them_and_loses_no_flight(stac
     left = sum(int(end) - int(new["start_offsets"].get(p, 0)) for p, end in summary["end_offsets"].items())
     assert left > PER_TRIGGER, f"the cut left {left} records to the new query, not more than one batch"
     assert all(int(new["marker_floor"][str(p)]) == 1 for p in range(8, 12))  # each new partition held one old marker
-    assert summary["segments"] == 2 and summary["switches"] == [record["switch_id"]]
+    assert summary["segments"] == 2 and summary["switches"] == [record.switch_id]
     assert summary["reconciled"] and summary["pending_events"] == 0
     assert summary["dead_letters_by_reason"].get("event_time too far behind the stream", 0) == 0, summary["dead_letters_by_reason"]
     assert summary["late_events"] == 0 and summary["dead_letters"] == 40 and summary["events_read"] == FLIGHTS + 40

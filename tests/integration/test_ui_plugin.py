@@ -123,6 +123,7 @@ def recorded(ui_settings):
     """A run of a topic of the test's own, recorded through keyshift's writers: its ids; the Redis keys are removed after."""
     from keyshift import names
     from keyshift.migration.switch import SwitchControl
+    from keyshift.migration.switch_record import SwitchRecord
     from keyshift.monitoring.balance import balance_degree
     from keyshift.monitoring.results import ResultStore
     from keyshift.placement.assignment_store import AssignmentStore
@@ -153,9 +154,9 @@ def recorded(ui_settings):
 
         assignment.publish("least_count", P, {"ORD": 0, "ATL": 1, "DFW": 2, "LAX": 3, "PHX": 3, "DEN": 2}, loads=[900, 700, 930, 800])
         requested = (now - timedelta(minutes=10)).timestamp()
-        record = {"switch_id": f"sw-ui-{tag}", "run_id": run_id, "topic": topic, "reason": "threshold: balance degree 0.167 < 0.600",
-                  "requested_at": requested, "stop_requested_at": requested, "strategy_from": "hash", "strategy_to": "least_count",
-                  "partitions_from": P, "partitions_to": P, "epoch_from": 0, "epoch_to": 1, "in_driver": True}
+        record = SwitchRecord(switch_id=f"sw-ui-{tag}", run_id=run_id, topic=topic, reason="threshold: balance degree 0.167 < 0.600",
+                              requested_at=requested, stop_requested_at=requested, strategy_from="hash", strategy_to="least_count",
+                              partitions_from=P, partitions_to=P, epoch_from=0, epoch_to=1, in_driver=True)
         record = control.advance(record, "requested", 1.1)
         record = control.advance(record, "stopped", 2.3, cut_batch=2)
         record = control.advance(record, "migrated", 3.4, migration={"keys_moved": 4, "keys_total": 10, "state_bytes": 52_000,

@@ -72,13 +72,13 @@ def _expected(switched) -> pd.DataFrame:
 
 def test_the_switch_is_done_in_the_driver_with_state_on_its_new_slots(switched):
     record = switched["record"]
-    assert record["state"] == "done" and record["in_driver"]
-    assert (record["strategy_from"], record["strategy_to"]) == ("hash", "least_count")
-    assert record["verify"]["placement"]["ok"] and record["verify"]["placement"]["state_rows"] > 0
-    assert record["verify"]["conservation"]["ok"], record["verify"]["conservation"]
+    assert record.state == "done" and record.in_driver
+    assert (record.strategy_from, record.strategy_to) == ("hash", "least_count")
+    assert record.verify["placement"]["ok"] and record.verify["placement"]["state_rows"] > 0
+    assert record.verify["conservation"]["ok"], record.verify["conservation"]
     summary = switched["summary"]
-    assert summary["switches"] == [record["switch_id"]] and summary["strategy"] == "least_count"
-    assert summary["epoch"] == record["epoch_to"]
+    assert summary["switches"] == [record.switch_id] and summary["strategy"] == "least_count"
+    assert summary["epoch"] == record.epoch_to
 
 
 def test_accounting_is_exact_across_the_switch(switched):
@@ -102,9 +102,9 @@ def test_windows_equal_the_generators_expected_views(switched):
     }).sort_values(["campaign_id", "window_start_ms"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(ours, _expected(switched), check_dtype=False)
     record = switched["record"]
-    after = windows[windows["epoch"] == record["epoch_to"]]
-    assert len(after) > 0 and set(windows["epoch"]) <= {record["epoch_from"], record["epoch_to"]}
-    assert (after["slot"] == after["campaign_id"].map(lambda c: int(record["mapping"][c]))).all()
+    after = windows[windows["epoch"] == record.epoch_to]
+    assert len(after) > 0 and set(windows["epoch"]) <= {record.epoch_from, record.epoch_to}
+    assert (after["slot"] == after["campaign_id"].map(lambda c: int(record.mapping[c]))).all()
 
 
 def test_redis_window_counts_equal_the_generators(switched):
