@@ -42,6 +42,8 @@ class TerminalFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Whether `record` goes to the terminal: a step (`extra=STEP`), or a warning or worse
+        other than `py.warnings`."""
         if getattr(record, "step", False):
             return True
         return record.levelno >= logging.WARNING and record.name != "py.warnings"
@@ -54,6 +56,7 @@ class TerminalFormatter(logging.Formatter):
         super().__init__(TERMINAL_FORMAT, datefmt="%H:%M:%S")
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one terminal line (class docstring)."""
         text = super().format(record)
         if getattr(record, "step", False) or record.levelno < logging.WARNING:
             return text

@@ -118,6 +118,13 @@ class Stream:
 
     @classmethod
     def of(cls, frame: pd.DataFrame, window: SlidingWindow, key: str = "origin", time: str = "event_time_ms") -> Stream:
+        """The stream of `frame`'s events (one row each, sorted by `time`, ms of event time) under
+        `window`: per event its key code, leave time and the native windows it creates (paper
+        003's eager sliding windows, counted in slide units).
+
+        Raises:
+            ConfigurationError: the events are not sorted by time.
+        """
         times = frame[time].to_numpy(np.int64)
         if np.any(np.diff(times) < 0):
             raise ConfigurationError("events must be sorted by time")
@@ -135,6 +142,7 @@ class Stream:
 
     @property
     def native_windows(self) -> int:
+        """Windows the native (one window per slide) computation creates over the whole stream."""
         return int(self.created.sum())
 
 

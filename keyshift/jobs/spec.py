@@ -92,6 +92,7 @@ class RecordField:
 
     @property
     def spark_type(self) -> T.DataType:
+        """The field's Spark SQL type (`SPARK_TYPES` of its dtype: string or long)."""
         return SPARK_TYPES[self.dtype]
 
 
@@ -111,6 +112,8 @@ class Aggregate:
 
     @property
     def identity(self) -> int:
+        """The aggregate's identity element (0 for sum; the long extremes for max and min): the
+        partial of a window with no event."""
         return AGGREGATE_OPS[self.op][1]
 
 
@@ -325,6 +328,7 @@ class JobSpec:
 
     @property
     def aggregate_names(self) -> tuple[str, ...]:
+        """The published columns of the spec's aggregates, in declaration order."""
         return tuple(a.name for a in self.aggregates)
 
     def window_values(self, counts: np.ndarray, aggregates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -62,7 +62,16 @@ class KafkaPartitioner(Partitioner):
         self.cache.refresh()
         self._epoch = epoch
 
-    def partition(self, topic, key, serialized_key, value, serialized_value, cluster) -> int:  # noqa: D102
+    def partition(self, topic, key, serialized_key, value, serialized_value, cluster) -> int:
+        """The partition of a record, as kafka-python's producer asks its partitioner: the
+        strategy's slot of `serialized_key` (UTF-8). Follows the strategy's epoch: a new epoch
+        clears the key cache.
+
+        Raises:
+            ValueError: the topic is not in the producer's metadata (kafka-python's own error).
+            PlacementError: the topic's partition count differs from the strategy's P, or the
+                record has no key, or a key that is not UTF-8.
+        """
         epoch = self._strategy.epoch
         if epoch != self._epoch:
             self._new_epoch(epoch)

@@ -148,6 +148,7 @@ class ResourceSampler(threading.Thread):
             self._read(psutil.Process(self._driver_pid), "driver_python")
 
     def run(self) -> None:
+        """The sampling thread: read the processes' CPU and memory every interval until stopped."""
         while not self._stop_event.wait(self._interval_s):
             if not self._process.is_running():
                 return

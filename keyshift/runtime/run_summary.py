@@ -90,6 +90,7 @@ class TaskTimeRecorder(threading.Thread):
         partial.replace(self._path)
 
     def run(self) -> None:
+        """The recording thread: `refresh` every interval until stopped."""
         while not self._stop_event.wait(self._interval_s):
             self.refresh()
 

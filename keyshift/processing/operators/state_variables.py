@@ -59,6 +59,7 @@ class MapStateVariable:
 
     @property
     def value_fields(self) -> list[str]:
+        """The names of the map value's fields, in schema order."""
         return [f.name for f in self.value_schema.fields]
 
 
