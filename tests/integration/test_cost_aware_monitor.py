@@ -131,4 +131,4 @@ def test_the_topics_last_measured_switch_sets_the_cost_with_its_id(stack_setting
 
     record = evaluate_topic(Settings(runs_dir=tmp_path), _params(topic, cost_s=3.0), save=False)["record"]
     assert record["cost_s"] == 9.8  # the topic's own measurement wins over cost_s and over other topics' median
-    assert f"cost 9.80 s = the topic's last measured switch {ours['switch_id']} (its pause)" in record["decision"]["reason"]
+    assert f"cost 9.80 s = the topic's last measured switch {ours.switch_id} (its pause)" in record["decision"]["reason"]

@@ -54,5 +54,5 @@ def test_switches_carry_key_watermarks_and_lose_no_flight(stack_settings, tmp_pa
     comparison = compare_to_reference(run_dir / "windows", reference_windows(flights_path(stack_settings), limit=FLIGHTS))
     assert comparison["equal"], comparison
     for r in records:
-        print(f"{r['strategy_from']}/{r['partitions_from']} -> {r['strategy_to']}/{r['partitions_to']}: pause {r['pause_seconds']} s, "
-              f"state rows {r['migration']['state_rows_written']}")
+        print(f"{r.strategy_from}/{r.partitions_from} -> {r.strategy_to}/{r.partitions_to}: pause {r.pause_seconds} s, "
+              f"state rows {r.migration['state_rows_written']}")

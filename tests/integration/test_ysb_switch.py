@@ -132,7 +132,7 @@ def test_state_of_the_new_segment_sits_on_the_new_slots(switched, spark):
     )
     assert len(state) > 0
     stateful = segments[-1]["stateful_partitions"]
-    mapping, tokens = switched["record"]["mapping"], slot_tokens(PARTITIONS, stateful)
+    mapping, tokens = switched["record"].mapping, slot_tokens(PARTITIONS, stateful)
     for row in state.itertuples():
         slot = int(mapping[row.campaign_id])
         assert (row.token, row.partition_id) == (tokens[slot], stateful_partition_of_slot(slot, PARTITIONS, stateful)), row
@@ -140,4 +140,4 @@ def test_state_of_the_new_segment_sits_on_the_new_slots(switched, spark):
 
 def test_the_plan_balances_the_skewed_campaigns_better_than_hash(switched):
     hash_loads = list(switched["ysb"]["per_partition"].values())  # the generator placed by hash
-    assert switched["record"]["plan"]["balance_degree"] > balance_degree(hash_loads), (switched["record"]["plan"], hash_loads)
+    assert switched["record"].plan["balance_degree"] > balance_degree(hash_loads), (switched["record"].plan, hash_loads)

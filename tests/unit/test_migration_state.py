@@ -127,24 +127,29 @@ def test_the_clocks_of_a_split_keys_pieces_merge_with_their_windows():
     assert merge_pending_values([only_windows])[2] == b""  # no piece had a clock: none after the merge
 
 
+def _switch(**fields):
+    from keyshift.migration.switch_record import SwitchRecord
+
+    return SwitchRecord(**{"switch_id": "sw", "run_id": "r", "topic": "t", "strategy_from": "hash", "strategy_to": "least_count",
+                           "partitions_from": 3, "partitions_to": 3, "epoch_from": 0, "epoch_to": 1, **fields})
+
+
 def test_keys_with_state_missing_from_the_plan_get_the_least_loaded_slots():
     from keyshift.migration.in_driver import complete_mapping, slot_function
 
-    record = {"switch_id": "sw", "strategy_to": "least_count", "partitions_to": 3,
-              "mapping": {"ORD": 0, "ATL": 0, "DEN": 1}, "split": {}}
-    completed = complete_mapping(dict(record), {"ORD", "HDN", "EGE", "ATL"})
-    assert completed["mapping"]["EGE"] == 2 and completed["mapping"]["HDN"] == 1  # slot 2 held none, then 1 and 2 tie -> 1
-    assert completed["keys_added_to_plan"] == 2
+    plan = {"ORD": 0, "ATL": 0, "DEN": 1}
+    completed = complete_mapping(_switch(mapping=dict(plan)), {"ORD", "HDN", "EGE", "ATL"})
+    assert completed.mapping["EGE"] == 2 and completed.mapping["HDN"] == 1  # slot 2 held none, then 1 and 2 tie -> 1
+    assert completed.keys_added_to_plan == 2
     assert slot_function(completed)("HDN") == 1
-    rule = {**record, "strategy_to": "hash"}
-    assert complete_mapping(dict(rule), {"HDN"})["mapping"] == record["mapping"]  # the rule places every key
+    assert complete_mapping(_switch(strategy_to="hash", mapping=dict(plan)), {"HDN"}).mapping == plan  # the rule places every key
 
 
 def test_a_key_the_new_query_placed_itself_is_expected_on_the_store_slot():
     from keyshift.migration.in_driver import slot_function
     from keyshift.placement.strategies import strategy_by_name
 
-    record = {"switch_id": "sw", "strategy_to": "least_count", "partitions_to": 3, "mapping": {"ORD": 0}, "split": {"ATL": [2, 1]}}
+    record = _switch(mapping={"ORD": 0}, split={"ATL": [2, 1]})
     hashed = strategy_by_name("hash", 3).slot_of("PSG")
     placed = {"PSG": (hashed + 1) % 3, "ORD": 2, "ATL": 0}.get  # the store's record; plan and split win
     slot_of = slot_function(record, placed)
