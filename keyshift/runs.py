@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,9 +76,10 @@ class RunRecord:
 
     Three processes write it, each its own fields (`keyshift.orchestration.launch` documents who
     writes what): the launcher, the supervisor and the job's driver (`RunRecorder`). Every write
-    goes through `RunRecord.encode`, which refuses a field not declared here; every read through
-    `RunRecord.from_redis` (`read_run_record`). Absent fields are None (or 0 / empty for the
-    counters and the history).
+    goes through `RunRecord.encode`, which refuses a field not declared here; typed reads go
+    through `RunRecord.from_redis` (`run_record`). The Airflow trigger and the keyshift page still
+    pass the stored text on (`read_run_record`): they forward or display it. Absent fields are
+    None (or 0 / empty for the counters and the history).
 
     Attributes:
         run_id, job, topic, strategy, watermark: what was asked (text).
@@ -95,7 +95,7 @@ class RunRecord:
         supervisor_pid, supervisor_pid_create_time, supervisor_log_path: the supervisor.
         log_path: the driver log; summary_path: `summary.json` once the run ended.
         started_at, finished_at, driver_started_at, stop_requested_at: as written: ISO 8601 UTC
-            (launcher, supervisor) or epoch seconds (the job); `timestamp` reads either.
+            (launcher, supervisor) or epoch seconds (the job).
         stop_timeout_s: seconds a requested stop waits for the driver.
     """
 
@@ -177,26 +177,16 @@ class RunRecord:
         """Whether a live driver is expected (`ACTIVE_STATES`)."""
         return self.state in ACTIVE_STATES
 
-    @staticmethod
-    def timestamp(value: str | None) -> float | None:
-        """Epoch seconds of a time field written either as epoch seconds or ISO 8601; None if absent."""
-        if not value:
-            return None
-        try:
-            return float(value)
-        except ValueError:
-            pass
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-
 
 def _number(text: str, kind: type, empty: Any) -> Any:
+    """`text` as `kind` (an int also from "5.0"), or `empty` when it is not a number."""
     try:
-        return kind(float(text)) if kind is int else kind(text)
+        return kind(text)
     except (TypeError, ValueError):
-        return empty
+        try:
+            return int(float(text)) if kind is int else empty
+        except (TypeError, ValueError):
+            return empty
 
 
 def read_run_record(settings: Settings, run_id: str) -> dict[str, str]:

@@ -65,6 +65,27 @@ def test_the_barrier_refuses_batches_not_admitted_and_waits_for_the_one_admitted
     assert not sink.in_flight and sink.last_query_batch == 7
 
 
+def test_py4j_logs_a_refused_batch_as_one_line_and_other_errors_with_their_traceback(tmp_path, caplog):
+    """A stop's refused batch is no crash: py4j's traceback for it is replaced by one INFO line."""
+    import logging
+
+    from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+    from keyshift.processing.outputs.sinks import KeyedWindowSink
+
+    sink = KeyedWindowSink(FLIGHT_DELAYS, tmp_path, "r", epoch=0, partitions=3)
+    sink.close_barrier()
+    py4j_log = logging.getLogger("py4j.clientserver")
+    caplog.set_level(logging.INFO)
+    for call in (lambda: sink.admit(8), lambda: 1 / 0):  # as py4j's callback server logs a foreachBatch's exception
+        try:
+            call()
+        except Exception:
+            py4j_log.exception("There was an exception while executing the Python Proxy on the Python Side.")
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [type(r.exc_info[1]) for r in errors] == [ZeroDivisionError]
+    assert any("batch 8 refused" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+
+
 def test_job_record_round_trip(tmp_path):
     config = JobConfig(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
                                   assignment={"ORD": 1}, split={"ORD": (1, 2)}, limit=17)

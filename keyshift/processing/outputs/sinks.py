@@ -93,6 +93,35 @@ class BatchRefused(RuntimeError):
     does not commit it."""
 
 
+class RefusedBatchLogFilter(logging.Filter):
+    """Drop py4j's ERROR record with traceback for a `BatchRefused`, logging one INFO line instead.
+
+    A refused batch is the expected end of a query stopped at a batch boundary, not a failure:
+    py4j's callback server logs every exception a Python `foreachBatch` raises with its full
+    traceback (`py4j.clientserver`, "There was an exception while executing the Python Proxy"),
+    which on a terminal reads as a crash after a clean Ctrl-C. Other exceptions pass unchanged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (drop) for a record carrying a `BatchRefused`; True otherwise."""
+        refused = record.exc_info[1] if record.exc_info else None
+        if isinstance(refused, BatchRefused):
+            log.info("%s; Spark ends the query on it (its \"terminated with error\" line is this refusal): nothing of the "
+                     "batch is written or committed, and a resume reads it again", refused)
+            return False
+        return True
+
+
+_REFUSED_BATCH_FILTER = RefusedBatchLogFilter()
+
+
+def quiet_refused_batches() -> None:
+    """Install `RefusedBatchLogFilter` on py4j's callback-server logger (once per process)."""
+    py4j_log = logging.getLogger("py4j.clientserver")
+    if _REFUSED_BATCH_FILTER not in py4j_log.filters:
+        py4j_log.addFilter(_REFUSED_BATCH_FILTER)
+
+
 def stop_at_batch_boundary(query, sink: "KeyedWindowSink", checkpoint: Path, timeout_s: float = 300.0) -> None:
     """Stop `query` at a batch boundary: refuse every batch that has not reached the sink (the
     sink's barrier), let the one in the sink finish and be committed, then stop.
@@ -222,6 +251,7 @@ class KeyedWindowSink:
     def close_barrier(self) -> None:
         """Refuse every batch that has not been admitted yet; one admitted stays `in_flight`
         until it leaves."""
+        quiet_refused_batches()
         with self._gate:
             self.barrier.set()
 
