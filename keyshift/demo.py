@@ -167,12 +167,12 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
     from keyshift.processing.builtin import compare_windows, run_builtin_windows
     from keyshift.runtime.driver import run_job
     from keyshift.processing.sources.kafka_input import END_OF_INPUT_EVENT_TIME_MS, read_kafka
-    from keyshift.processing.job_query import JobConfig
+    from keyshift.processing.job_config import JobConfig
     from keyshift.quality.reference import compare_to_reference, reference_windows
     from keyshift.quality.windows import validate_windows
     from keyshift.runs import RunRecorder
 
-    config = JobConfig(
+    config = JobConfig.from_options(
         run_id=run_id,
         strategy=strategy,
         partitions=partitions,
@@ -201,7 +201,7 @@ def _steps(settings: Settings, spark, run_id: str, topic: str, replay, partition
         global_id = f"{run_id}-global"
         log.info("demo %s: running the job again in global watermark mode (bound %d ms) as %s", run_id, bound_ms, global_id,
                  extra=STEP)
-        other = run_job(settings, replace(config, run_id=global_id, watermark="global"), starting="replay", spark=spark,
+        other = run_job(settings, replace(config, run_id=global_id, event_time=replace(config.event_time, mode="global")), starting="replay", spark=spark,
                                   progress=progress)
         summary["global_mode"] = {
             "run_id": global_id, "bound_ms": bound_ms, "late_events": other["late_events"], "events_read": other["events_read"],

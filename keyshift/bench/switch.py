@@ -144,7 +144,7 @@ def parse_sequence(text: str, default_partitions: int = PARTITIONS) -> tuple[Pla
         ConfigurationError: fewer than two placements, a strategy the job cannot place with, a
             learned first strategy, or a P that is not an integer >= 1.
     """
-    from keyshift.processing.job_query import RULE_STRATEGIES, check_job_strategy
+    from keyshift.processing.job_config import RULE_STRATEGIES, check_job_strategy
 
     placements = []
     for item in (part.strip() for part in text.split(",")):

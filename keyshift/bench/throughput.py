@@ -84,7 +84,7 @@ def parse_configs(texts: Sequence[str]) -> tuple[Config, ...]:
     Raises:
         ConfigurationError: a text is not `P:strategy`, or the job cannot place with the strategy.
     """
-    from keyshift.processing.job_query import check_job_strategy
+    from keyshift.processing.job_config import check_job_strategy
 
     configs = []
     for text in texts:

@@ -693,9 +693,9 @@ class WatermarkBench:
             self.topics = []
 
     def _job_config(self, run_id: str, topic: str, mode: str, bound_ms: int, limit: int | None, per_trigger: int):
-        from keyshift.processing.job_query import JobConfig
+        from keyshift.processing.job_config import JobConfig
 
-        return JobConfig(run_id=run_id, strategy="hash", partitions=self.config.partitions, topic=topic, bound_ms=bound_ms,
+        return JobConfig.from_options(run_id=run_id, strategy="hash", partitions=self.config.partitions, topic=topic, bound_ms=bound_ms,
                                     watermark=watermark_of(mode), max_offsets_per_trigger=per_trigger, limit=limit)
 
     def backfill_topic(self, disorder: float, flights: int | None = None, label: str = "backfill") -> str:

@@ -7,7 +7,7 @@ import click
 from keyshift.cli.output import run_output_options, run_terminal
 from keyshift.eventtime.watermarks import BACKFILL_IDLE_LAG_MS, WATERMARK_MODES
 from keyshift.names import FLIGHTS_TOPIC
-from keyshift.processing.job_query import JOB_STRATEGIES
+from keyshift.processing.job_config import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
 
 

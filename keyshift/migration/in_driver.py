@@ -76,7 +76,7 @@ def migrate(
         save_segments: writes the segments into the run's job record (the commit point).
         stop_requested_at: wall-clock seconds when the stop was asked (the pause starts there).
         max_stateful_partitions: the run's cap on stateful partitions: the new query takes
-            min(P', cap) (`JobConfig.max_stateful_partitions`); None: P'.
+            min(P', cap) (`PlacementConfig.max_stateful_partitions`); None: P'.
 
     Returns:
         The segments with the new one appended.

@@ -28,7 +28,7 @@ from keyshift.errors import ConfigurationError, PlacementError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.placement.learning import LEARNED_STRATEGIES, learn_strategy
 from keyshift.placement.strategies import bucket_of, check_partitions, strategy_by_name
-from keyshift.processing.job_query import RULE_STRATEGIES
+from keyshift.processing.job_config import RULE_STRATEGIES
 
 Slots = tuple[int, ...]
 _EPS = 1e-12

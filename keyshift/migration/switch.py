@@ -348,7 +348,7 @@ def request_switch(
     """
     from keyshift.jobs import job_spec
     from keyshift.processing.job_record import JobRecord, load_segments
-    from keyshift.processing.job_query import check_job_strategy
+    from keyshift.processing.job_config import check_job_strategy
 
     if strategy is not None:
         check_job_strategy(strategy)

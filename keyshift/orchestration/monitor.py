@@ -278,7 +278,7 @@ def _published_in_force(settings: Settings, topic: str, strategy: str, partition
     strategy from the sample, and says so in the record's `in_force_assignment`).
     """
     from keyshift.placement.assignment_store import AssignmentStore, strategy_from_snapshot
-    from keyshift.processing.job_query import LEARNED_STRATEGIES
+    from keyshift.processing.job_config import LEARNED_STRATEGIES
 
     if strategy not in LEARNED_STRATEGIES:
         return None

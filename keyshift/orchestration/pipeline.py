@@ -250,7 +250,7 @@ def publish_assignment(
     """
     from keyshift.data.flights import flights_path
     from keyshift.placement.learning import learn_and_publish
-    from keyshift.processing.job_query import LEARNED_STRATEGIES
+    from keyshift.processing.job_config import LEARNED_STRATEGIES
 
     job = validate_job(job)
     validate_strategy(strategy, job)

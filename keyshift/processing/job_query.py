@@ -9,7 +9,7 @@ tasks (each reads a range of Kafka partitions)
    the assignment, each carrying its largest event time
 -> event-time watermark over that largest event time -> drop end-of-input markers
 -> groupBy(token).transformWithStateInPandas(KeyedWindowProcessor) (drops duplicated event ids),
-   over `JobConfig.stateful_partitions` Spark partitions (each slot a token of its own)
+   over `PlacementConfig.stateful_partitions` Spark partitions (each slot a token of its own)
 
 A spec with `window="key_windows"` (sliding windows, paper 003) shares the ingest (without Local
 Merge: one row per event) and the watermark, then takes
@@ -25,207 +25,21 @@ flights by default); its spec says what is computed (`keyshift.jobs`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from keyshift.errors import ConfigurationError
-from keyshift.eventtime.partition_clocks import DEFAULT_IDLE_TIMEOUT_S
-from keyshift.eventtime.plausibility import PlausibilityLimits
-from keyshift.eventtime.watermarks import WatermarkPolicy
-from keyshift.eventtime.windows import HOUR_MS
-from keyshift.names import FLIGHTS_TOPIC, RunDir
-from keyshift.placement.learning import LEARNED_STRATEGIES
+from keyshift.names import RunDir
 from keyshift.placement.tokens import slot_tokens
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.ingest import (
     CONTROL_COLUMN, DEFAULT_CHUNK_RECORDS, EVENT_TS_COLUMN, IngestContext, event_times_of_events, event_times_of_partials, events_schema, ingest_function,
     stage_schema,
 )
-from keyshift.processing.operators.exchange import check_exchange, parse_emit
+from keyshift.processing.operators.exchange import parse_emit
 from keyshift.processing.operators.local_merge import partial_schema, partials_function
 from keyshift.processing.operators.processor import KeyedWindowProcessor, output_schema
-from keyshift.jobs.spec import JobSpec
-
-RULE_STRATEGIES = ("hash", "modulo")
-"""Strategies each executor can compute itself: a pure function of the key."""
-JOB_STRATEGIES = RULE_STRATEGIES + LEARNED_STRATEGIES
-"""Strategies the job places with. The learned ones (`LEARNED_STRATEGIES`: least_key, least_count
-of paper 000 Algorithm 1, and our hot_split) have a history map: the job reads the assignment
-published in Redis under the input topic's name (`keyshift.placement.assignment_store`) at
-start, so every executor and every producer place a key on the same slot (a split key's event
-on the same piece's slot)."""
-
-
-def check_job_strategy(name: str) -> str:
-    """Return `name` if the job can place keys with it.
-
-    Raises:
-        ConfigurationError: for a strategy the job does not place with (weight: its random
-            landing would differ between executors).
-    """
-    if name not in JOB_STRATEGIES:
-        raise ConfigurationError(
-            f"a keyshift job cannot use strategy {name!r}; use one of {', '.join(JOB_STRATEGIES)}"
-        )
-    return name
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """What one run of a keyed window job does (the flight delay job by default).
-
-    Attributes:
-        run_id: names the run's folder `runs/<run_id>/` and its Redis records.
-        job: the job's name (`keyshift.jobs.job_spec`), default `flight_delays`.
-        strategy: placement strategy name, one of `JOB_STRATEGIES`.
-        partitions: P slots = Kafka partitions of the input.
-        max_stateful_partitions: Spark's stateful partitions at most; the query takes
-            `stateful_partitions` = min(P, this) (`spark.sql.shuffle.partitions`) and spreads the
-            slots over them by range (`keyshift.placement.tokens.stateful_partition_of_slot`);
-            its ingest stage runs as many tasks (`source_tasks`).
-            None: one per slot (S = P). A new run started by
-            `keyshift.runtime.driver.run_job` without one gets
-            `default_max_stateful_partitions` of its engine's cores, kept in its job record.
-        epoch: the assignment epoch in force, written on every window.
-        bound_ms: watermark bound, ms of event time: watermark = max event time seen - bound.
-        window_ms: window size p, ms of event time (tumbling; or the sliding window's size of a
-            key-window job, whose slide is the spec's `slide_ms`).
-        topic: the input topic.
-        max_offsets_per_trigger: records per micro-batch at most (None: all available).
-        limit: bounded run: wait for at least this many records in the topic, drain, flush the
-            last windows, stop. None: run until stopped.
-        idle_timeout_s: a bounded run fails when no batch completes for this long (seconds); a
-            continuous run waits for input as long as it takes.
-        end_offsets: a bounded run's end, partition -> offset (exclusive), set by the driver
-            once the input is there: records at or past it belong to someone else's later
-            replay and are ignored, so a run reads exactly [start, end) plus its own markers.
-        assignment: a learned strategy's key -> slot map (its first slot for a split key), read
-            from Redis at start; None for a rule strategy.
-        redis_url: where executors ask the store's atomic assign for keys `assignment` lacks.
-        split: hot_split's split keys -> their slots (two or more; piece i on element i).
-        max_ahead_ms: event-time plausibility, ms of event time an event may be ahead of the
-            stream (watermark + bound, or its chunk's median) or of its batch's timestamp before
-            it is a dead letter (`keyshift.eventtime.plausibility`); default 7 days.
-        max_behind_ms: ms of event time an event may be behind the watermark (in the first
-            batch: its chunk's median) before it is a dead letter; default 30 days.
-        reference_min_events: events a chunk needs for its median event time to count as a
-            reference of the stream; default 50.
-        watermark: the watermark mode, one of `keyshift.eventtime.watermarks.WATERMARK_MODES`:
-            `global` (Spark's, the default), `partition` (the minimum over the active Kafka
-            partitions' clocks minus `bound_ms`, Flink's), `key`, `nkey`, `dynamic` (`bound_ms`
-            is then the maximum bound M).
-        watermark_groups: N, watermark groups of `nkey` mode.
-        idle_fallback: `global` or `timeout`: how a silent key's windows close (per-key modes).
-        idle_lag_ms: per-key modes: every watermark is at least the stream's event time minus
-            this (ms of event time): the minimum over the active Kafka partitions' clocks
-            (`keyshift.eventtime.partition_clocks`); default two days.
-        partition_idle_timeout_s: seconds of processing time after which a Kafka partition that
-            delivered no record stops holding the others' watermark back (until its next record);
-            default 60.
-        max_partition_drift_ms: watermark alignment: no Kafka partition is read more than this
-            (ms of event time) ahead of the slowest one with records to read; the input is then
-            read by keyshift's aligned Kafka source (`keyshift.processing.sources.aligned_kafka`) instead
-            of Spark's. None (default): Spark's Kafka source, no bound.
-        key_idle_timeout_s: `timeout` fallback: seconds of processing time without events after
-            which a key closes all its windows.
-        exchange: how events reach a key's windows (`keyshift.processing.operators.exchange.EXCHANGES`):
-            `local_merge` (default), `plain` (every event crosses the shuffle) or `global_merge`
-            (no shuffle; windows merged in Redis, `keyshift.processing.operators.global_merge`).
-        emit: Local Merge's emit mode, `batch` (default), `window` or `count:N`
-            (`keyshift.processing.operators.exchange`); ignored by `plain`.
-    """
-
-    run_id: str
-    job: str = "flight_delays"
-    strategy: str = "hash"
-    partitions: int = 8
-    max_stateful_partitions: int | None = None
-    epoch: int = 0
-    bound_ms: int = HOUR_MS
-    window_ms: int = HOUR_MS
-    topic: str = FLIGHTS_TOPIC
-    max_offsets_per_trigger: int | None = 250_000
-    limit: int | None = None
-    idle_timeout_s: float = 300.0
-    end_offsets: dict[int, int] | None = None
-    assignment: dict[str, int] | None = None
-    redis_url: str | None = None
-    split: dict[str, tuple[int, ...]] | None = None
-    max_ahead_ms: int = PlausibilityLimits.max_ahead_ms
-    max_behind_ms: int = PlausibilityLimits.max_behind_ms
-    reference_min_events: int = PlausibilityLimits.reference_min_events
-    watermark: str = "global"
-    watermark_groups: int = WatermarkPolicy.groups
-    idle_fallback: str = WatermarkPolicy.idle_fallback
-    idle_lag_ms: int = WatermarkPolicy.idle_lag_ms
-    key_idle_timeout_s: float = WatermarkPolicy.idle_timeout_s
-    partition_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    max_partition_drift_ms: int | None = None
-    exchange: str = "local_merge"
-    emit: str = "batch"
-
-    @property
-    def spec(self) -> JobSpec:
-        """The job's spec (raises ConfigurationError for an unknown job)."""
-        from keyshift.jobs import job_spec
-
-        return job_spec(self.job)
-
-    @property
-    def stateful_partitions(self) -> int:
-        """S, the query's stateful partitions (`spark.sql.shuffle.partitions`): min(P,
-        `max_stateful_partitions`), or P when that is None.
-
-        Raises:
-            PlacementError: `max_stateful_partitions` < 1.
-        """
-        from keyshift.placement.tokens import capped_stateful_partitions
-
-        return capped_stateful_partitions(self.partitions, self.max_stateful_partitions)
-
-    @property
-    def source_tasks(self) -> int:
-        """Tasks of the ingest stage per micro-batch: S (`stateful_partitions`), each reading
-        P/S Kafka partitions one after the other (`DataFrame.coalesce`, no shuffle), so the
-        ingest stage pays the per-task cost S times, not P; P for `global_merge`, whose tasks
-        each merge one Kafka partition's slot into Redis (`keyshift.processing.operators.global_merge`).
-
-        Raises:
-            PlacementError: `max_stateful_partitions` < 1.
-        """
-        return self.partitions if self.exchange == "global_merge" else self.stateful_partitions
-
-    @property
-    def watermark_policy(self) -> WatermarkPolicy:
-        """The run's watermark policy (raises ConfigurationError for a bad mode or value)."""
-        return WatermarkPolicy(
-            mode=self.watermark, bound_ms=self.bound_ms, groups=self.watermark_groups, idle_fallback=self.idle_fallback,
-            idle_lag_ms=self.idle_lag_ms, idle_timeout_s=self.key_idle_timeout_s,
-        )
-
-    def check_exchange(self) -> None:
-        """Check `exchange` and `emit` against the job and the watermark mode.
-
-        Raises:
-            ConfigurationError: an unknown exchange or emit mode; `global_merge` with a per-key
-                watermark mode or a key-window job; `plain`/`global_merge` are for tumbling jobs.
-        """
-        check_exchange(self.exchange)
-        parse_emit(self.emit)
-        if self.exchange != "local_merge" and self.spec.key_windows:
-            raise ConfigurationError(f"job {self.job} computes key windows, which take events one by one; "
-                                     f"exchange {self.exchange!r} is for tumbling-window jobs")
-        if self.exchange == "global_merge" and self.watermark_policy.per_key:
-            raise ConfigurationError(f"exchange global_merge closes windows on the global watermark; "
-                                     f"watermark mode {self.watermark!r} keeps per-key clocks in the processor's state")
-
-    @property
-    def plausibility(self) -> PlausibilityLimits:
-        """The event-time plausibility limits of this run (raises ConfigurationError if < 1)."""
-        return PlausibilityLimits(self.max_ahead_ms, self.max_behind_ms, self.reference_min_events)
-
 
 def default_checkpoint_dir(run_id: str) -> Path:
     """`runs/<run_id>/checkpoint` under the default settings' runs folder, where
@@ -281,42 +95,42 @@ def job_stream(
     decides lateness per event (window end <= watermark) and sends late events to a side output,
     so Spark must not filter them out silently first.
     """
-    policy, spec = config.watermark_policy, config.spec
+    policy, spec = config.event_time.policy, config.spec
     context = IngestContext(
-        run_id=config.run_id, end_offsets=config.end_offsets,
+        run_id=config.run_id, end_offsets=config.input.end_offsets,
         checkpoint_dir=str(checkpoint_dir or default_checkpoint_dir(config.run_id)),
-        bound_ms=policy.spark_delay_ms, limits=config.plausibility, watermark_floor_ms=watermark_floor_ms,
+        bound_ms=policy.spark_delay_ms, limits=config.event_time.plausibility, watermark_floor_ms=watermark_floor_ms,
         marker_floor={int(p): int(o) for p, o in marker_floor.items()} if marker_floor else None,
         chunk_records=int(kafka_rows.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch",
                                                            str(DEFAULT_CHUNK_RECORDS))),
         clocks_dir=str(clocks_dir) if clocks_dir is not None else None, batch_base=int(batch_base),
         query=Path(str(checkpoint_dir or default_checkpoint_dir(config.run_id))).name, cap_event_time=policy.caps_event_time,
     )
-    store = (config.redis_url, config.topic) if config.assignment is not None else None
+    store = (config.redis_url, config.input.topic) if config.placement.assignment is not None else None
     lookup = None
     if spec.key_lookup is not None:  # the executors read the lookup map from the run's Redis
         from keyshift.settings import Settings
 
-        lookup = (config.redis_url or Settings().redis_url, config.topic)
+        lookup = (config.redis_url or Settings().redis_url, config.input.topic)
     if spec.key_windows:
         from keyshift.processing.operators.key_window_stream import check_key_window_run, key_window_stream
 
-        check_key_window_run(spec, config.split, policy)
+        check_key_window_run(spec, config.placement.split, policy)
         rows_of, row_schema = None, events_schema(spec)
         event_times_of = event_times_of_events(spec)
     else:
         config.check_exchange()
-        emit = None if config.exchange == "plain" else parse_emit(config.emit)
-        rows_of = partials_function(spec, config.strategy, config.partitions, config.window_ms, config.assignment, store, config.split,
-                                    emit, config.stateful_partitions)
+        emit = None if config.exchange.mode == "plain" else parse_emit(config.exchange.emit)
+        rows_of = partials_function(spec, config.placement.strategy, config.placement.partitions, config.window_ms, config.placement.assignment, store, config.placement.split,
+                                    emit, config.placement.stateful_partitions)
         row_schema, event_times_of = partial_schema(spec), event_times_of_partials
     source = kafka_rows.select("key", "value", "partition", "offset")
-    if config.source_tasks < config.partitions:  # no shuffle: each task reads a range of Kafka partitions
+    if config.source_tasks < config.placement.partitions:  # no shuffle: each task reads a range of Kafka partitions
         source = source.coalesce(config.source_tasks)
     staged = source.mapInArrow(
         ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
     )
-    if config.exchange == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.operators.global_merge)
+    if config.exchange.mode == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.operators.global_merge)
         return staged.withWatermark(EVENT_TS_COLUMN, f"{policy.spark_delay_ms} milliseconds")
     rows = (
         # per-key modes: Spark's watermark is the fallback every key's watermark stays above
@@ -327,12 +141,12 @@ def job_stream(
         .drop(EVENT_TS_COLUMN, CONTROL_COLUMN)
     )
     if spec.key_windows:
-        return key_window_stream(rows, spec, config.strategy, config.partitions, config.window_ms,
-                                 policy, config.assignment, store, watermark_floor_ms, initial_state, config.stateful_partitions)
+        return key_window_stream(rows, spec, config.placement.strategy, config.placement.partitions, config.window_ms,
+                                 policy, config.placement.assignment, store, watermark_floor_ms, initial_state, config.placement.stateful_partitions)
     return (
         rows.groupBy("token")
         .transformWithStateInPandas(
-            statefulProcessor=KeyedWindowProcessor(spec, slot_tokens(config.partitions, config.stateful_partitions), config.window_ms,
+            statefulProcessor=KeyedWindowProcessor(spec, slot_tokens(config.placement.partitions, config.placement.stateful_partitions), config.window_ms,
                                                    watermark_floor_ms, policy),
             outputStructType=output_schema(spec),
             outputMode="Append",

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 
 from keyshift.errors import ConfigurationError
 from keyshift.names import RunDir
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig, PlacementConfig
 
 
 log = logging.getLogger(__name__)
@@ -112,14 +112,14 @@ class Segment:
 
     @property
     def split_slots(self) -> dict[str, tuple[int, ...]] | None:
-        """hot_split's key -> slots as tuples (the form `JobConfig.split` takes), or None."""
+        """hot_split's key -> slots as tuples (the form `PlacementConfig.split` takes), or None."""
         return {k: tuple(v) for k, v in (self.split or {}).items()} or None
 
     def config(self, config: JobConfig) -> JobConfig:
         """The run's `config` with this segment's placement (strategy, P, S, epoch, assignment, split)."""
-        return replace(config, strategy=self.strategy, partitions=self.partitions,
-                       max_stateful_partitions=self.stateful_partitions, epoch=self.epoch,
-                       assignment=self.assignment, split=self.split_slots)
+        return replace(config, placement=PlacementConfig(
+            strategy=self.strategy, partitions=self.partitions, max_stateful_partitions=self.stateful_partitions, epoch=self.epoch,
+            assignment=self.assignment, split=self.split_slots))
 
 
 @dataclass(frozen=True)
@@ -155,13 +155,7 @@ class JobRecord:
         if raw is None:
             raise ConfigurationError(f"run folder {run_dir} has no {RunDir.JOB_RECORD}: there is no started run there")
         try:
-            known = {f.name for f in fields(JobConfig)}
-            values = {k: v for k, v in raw["config"].items() if k in known}
-            if values.get("end_offsets") is not None:
-                values["end_offsets"] = {int(p): int(o) for p, o in values["end_offsets"].items()}
-            if values.get("split") is not None:
-                values["split"] = {key: tuple(slots) for key, slots in values["split"].items()}
-            config = JobConfig(**values)
+            config = JobConfig.from_json(raw["config"])
             start = {int(p): int(o) for p, o in raw["start_offsets"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigurationError(f"the job record of {run_dir} is malformed ({type(exc).__name__}: {exc})") from exc
@@ -190,9 +184,9 @@ class JobRecord:
         return None if raw is None else str((raw.get("config") or {}).get("job") or "flight_delays")
 
     def as_json(self) -> dict[str, Any]:
-        """The record as stored: `config` (the `JobConfig` fields), `start_offsets` (partitions
+        """The record as stored: `config` (`JobConfig.as_json`, grouped), `start_offsets` (partitions
         as text keys), `replay`, `segments` (`Segment.as_json`)."""
-        return {"config": asdict(self.config), "start_offsets": {str(p): o for p, o in sorted(self.start_offsets.items())},
+        return {"config": self.config.as_json(), "start_offsets": {str(p): o for p, o in sorted(self.start_offsets.items())},
                 "replay": self.replay, "segments": [segment.as_json() for segment in self.segments]}
 
     def write(self, run_dir: Path | str) -> Path:
@@ -211,7 +205,7 @@ def save_job_record(
 
     `segments` are the run's queries in order (`first_segment`; a switch appends one); None
     keeps the record's current segments (or makes the first one for a new record). A bounded
-    run's input end (`config.end_offsets`), once in the record, is kept when `config` has none
+    run's input end (`config.input.end_offsets`), once in the record, is kept when `config` has none
     (`InputEnd` fixes it while the query runs).
 
     Raises:
@@ -220,17 +214,17 @@ def save_job_record(
     current = JobRecord.read(run_dir) if RunDir(Path(run_dir)).job_record.exists() else None
     if segments is None:
         segments = list(current.segments) if current is not None else [first_segment(config, start)]
-    if config.end_offsets is None and current is not None and current.config.end_offsets is not None:
-        config = replace(config, end_offsets=current.config.end_offsets)  # a bounded run's end, once fixed, stays
+    if config.input.end_offsets is None and current is not None and current.config.input.end_offsets is not None:
+        config = replace(config, input=replace(config.input, end_offsets=current.config.input.end_offsets))  # a bounded run's end, once fixed, stays
     return JobRecord(config, dict(start), replay, tuple(segments)).write(run_dir)
 
 
 def first_segment(config: JobConfig, start: dict[int, int]) -> Segment:
     """The run's first segment (`Segment`): its first query, checkpoint `checkpoint`, batch base 0."""
     return Segment(
-        index=0, checkpoint=RunDir.checkpoint_name(0), strategy=config.strategy, partitions=config.partitions,
-        stateful_partitions=config.stateful_partitions, epoch=config.epoch, assignment=config.assignment,
-        split={k: list(v) for k, v in (config.split or {}).items()} or None, topic=config.topic,
+        index=0, checkpoint=RunDir.checkpoint_name(0), strategy=config.placement.strategy, partitions=config.placement.partitions,
+        stateful_partitions=config.placement.stateful_partitions, epoch=config.placement.epoch, assignment=config.placement.assignment,
+        split={k: list(v) for k, v in (config.placement.split or {}).items()} or None, topic=config.input.topic,
         start_offsets=dict(start), batch_base=0,
     )
 

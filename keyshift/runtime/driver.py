@@ -1,7 +1,7 @@
 """Run a keyed window job (any registered spec): Kafka source -> pipeline -> sink, watched until drained or stopped.
 
 `run_job` is the one entry point (the CLI, spark_jobs/keyshift_job.py and the Airflow
-DAG all call it). A bounded run (`config.limit`) starts its query at once and reads records as
+DAG all call it). A bounded run (`config.input.limit`) starts its query at once and reads records as
 they arrive; its input ends at the topic's end offsets at the moment the topic first holds `limit`
 records past the run's start (`InputEnd`; with `wait_for_input`, the query starts only then). It
 drains them, writes an end-of-input marker to every partition so the watermark passes the last
@@ -34,7 +34,8 @@ from keyshift.console import STEP, EventsBar
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.kafka_clients import client_options
-from keyshift.processing.job_query import LEARNED_STRATEGIES, JobConfig, check_job_strategy, job_stream
+from keyshift.processing.job_query import job_stream
+from keyshift.processing.job_config import LEARNED_STRATEGIES, JobConfig, check_job_strategy
 from keyshift.processing.operators.processor import state_variables
 from keyshift.processing.failpoints import InjectedFailure, fail_here
 from keyshift.runtime.resources import ResourceSampler
@@ -114,7 +115,7 @@ def run_job(
         The summary dict (see `build_summary`).
 
     Raises:
-        JobError: the query failed, stalled for `config.idle_timeout_s`, the counts do not
+        JobError: the query failed, stalled for `config.input.idle_timeout_s`, the counts do not
             reconcile (events read != Σ window counts + late + dead letters + pending), a bounded
             run's topic stopped growing short of `limit` records, or a stop came before the query
             started (`wait_for_input`).
@@ -138,15 +139,15 @@ def run_job(
         )
     if resume:
         config, start, replay = load_job_record(run_dir)
-    check_job_strategy(config.strategy)
+    check_job_strategy(config.placement.strategy)
     config.check_exchange()
     require(settings, "kafka", "redis")  # one line naming the fix, before anything starts
     if not resume:
-        kafka_offsets(settings, config.topic)  # a missing topic: one line naming the fix
+        kafka_offsets(settings, config.input.topic)  # a missing topic: one line naming the fix
     recorder = RunRecorder(settings, config.run_id)
     if driver_log:
         log.info("run %s: log lines go to %s", config.run_id, runlog.attach(runlog.driver_log_path(recorder.run_dir)), extra=STEP)
-    recorder.start(strategy=config.strategy, partitions=config.partitions, epoch=config.epoch, topic=config.topic,
+    recorder.start(strategy=config.placement.strategy, partitions=config.placement.partitions, epoch=config.placement.epoch, topic=config.input.topic,
                    log_path=runlog.active())
     if resume:
         resumes = recorder.count_resume()
@@ -158,28 +159,28 @@ def run_job(
     bar = EventsBar(f"job {config.run_id}", enabled=progress)
     try:
         if not resume:
-            replay = recorder.replay_record(config.topic)  # read now: a later replay overwrites it
-            start = concrete_offsets(settings, config.topic, starting_offsets(replay, config.topic, starting))
-            if config.limit and wait_for_input:
-                config = replace(config, end_offsets=wait_for_records(settings, config.topic, config.limit, start, wait_timeout_s,
-                                                                       stop_requested, config.run_id))
-            elif config.limit:
-                end = InputEnd(settings, config.topic, config.limit, start, None, wait_timeout_s)
+            replay = recorder.replay_record(config.input.topic)  # read now: a later replay overwrites it
+            start = concrete_offsets(settings, config.input.topic, starting_offsets(replay, config.input.topic, starting))
+            if config.input.limit and wait_for_input:
+                config = config.with_end_offsets(wait_for_records(settings, config.input.topic, config.input.limit, start, wait_timeout_s,
+                                                                   stop_requested, config.run_id))
+            elif config.input.limit:
+                end = InputEnd(settings, config.input.topic, config.input.limit, start, None, wait_timeout_s)
                 end.poll()
-                config = replace(config, end_offsets=end.offsets)
-            if config.strategy in LEARNED_STRATEGIES:
+                config = config.with_end_offsets(end.offsets)
+            if config.placement.strategy in LEARNED_STRATEGIES:
                 config = _with_learned_assignment(settings, config)
-            if config.max_stateful_partitions is None:
+            if config.placement.max_stateful_partitions is None:
                 config = _with_default_stateful_partitions(config, spark, settings.spark_master)
             save_job_record(run_dir, config, start, replay)
-        input_end = InputEnd(settings, config.topic, config.limit, start, config.end_offsets if config.limit else None,
+        input_end = InputEnd(settings, config.input.topic, config.input.limit, start, config.input.end_offsets if config.input.limit else None,
                              wait_timeout_s)
         recorder.on_progress = lambda record: bar({**record, "events_target": input_end.events_target()})
-        ensure_side_output_topics(settings, config.partitions, config.spec.topics)
+        ensure_side_output_topics(settings, config.placement.partitions, config.spec.topics)
         own_session = spark is None
         archive = None
         if spark is None:
-            conf, archive = job_spark_conf(settings, config.stateful_partitions)
+            conf, archive = job_spark_conf(settings, config.placement.stateful_partitions)
             log.info("run %s: starting Spark (%s)", config.run_id, settings.spark_master, extra=STEP)
             spark = build_spark_session(f"keyshift-flight-delays-{config.run_id}", settings.spark_master, conf,
                                         output=runlog.active() if driver_log else None)
@@ -208,28 +209,28 @@ def run_job(
         wall_seconds = watch["last_batch_at"] - started if watch["last_batch_at"] else time.monotonic() - started
         if config.spec.key_windows:
             pending = kept_events(spark, checkpoint)
-        elif config.exchange == "global_merge":
+        elif config.exchange.mode == "global_merge":
             pending = _global_merge_state(settings, config).pending_events()
         else:
             pending = pending_events(spark, checkpoint, aggregates=len(config.spec.aggregates)) + (sink.pieces.held_events() if sink.pieces is not None else 0)
-        _, consumed = committed_batches(checkpoint, config.topic)
+        _, consumed = committed_batches(checkpoint, config.input.topic)
         consumed = consumed or dict(last.start_offsets)
         watch["records_read"] = sum(o - start.get(p, 0) for p, o in consumed.items())
-        config = replace(last.config(config), end_offsets=input_end.offsets)
+        config = last.config(config).with_end_offsets(input_end.offsets)
         summary = build_summary(config, replay, sink, watch, wall_seconds, sampler, pending)
         summary.update(attempts_summary(recorder, summary["events_read"], wall_seconds))
-        summary.update(task_time_summary(task_times.times, config.partitions, config.stateful_partitions, config.source_tasks))
-        summary["stateful_partitions"] = config.stateful_partitions
+        summary.update(task_time_summary(task_times.times, config.placement.partitions, config.placement.stateful_partitions, config.source_tasks))
+        summary["stateful_partitions"] = config.placement.stateful_partitions
         summary["source_tasks"] = config.source_tasks
         summary["shuffle_write_bytes"] = shuffle_write_bytes(spark) if own_session else None
-        summary["exchange"], summary["emit"] = config.exchange, config.emit
+        summary["exchange"], summary["emit"] = config.exchange.mode, config.exchange.emit
         summary["driver_class_archive"] = archive.mode if archive else None
         summary["start_offsets"] = {str(p): o for p, o in sorted(start.items())}
         summary["resumes"] = recorder.resumes()
         summary["segments"] = len(segments)
         summary["switches"] = [s.switch_id for s in segments if s.switch_id]
         summary["outcome"] = watch.get("outcome")  # done: drained to its end; stopped: SIGTERM or Ctrl-C
-        if config.limit and not summary["reconciled"]:
+        if config.input.limit and not summary["reconciled"]:
             recorder.finish(summary, state="failed")
             raise JobError(
                 f"run {config.run_id} does not reconcile: events read {summary['events_read']} != "
@@ -270,15 +271,15 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
 
     control = SwitchControl.from_settings(settings, config.run_id)
     record = control.pending()
-    if record is not None and (spec.key_windows or config.exchange == "global_merge"):
-        record = refuse_switch(control, record, spec.name, config.exchange)
+    if record is not None and (spec.key_windows or config.exchange.mode == "global_merge"):
+        record = refuse_switch(control, record, spec.name, config.exchange.mode)
     if record is not None and step_index(record.step) < step_index("segment"):
         # a switch asked for, or cut short before its commit point: the old checkpoint is at
         # rest and nothing is published, so do it now, before the old query starts again
         log.info("run %s: carrying out switch %s (left at step %s) before starting", config.run_id, record.switch_id, record.step,
                  extra=STEP)
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, time.time(),
-                                     config.max_stateful_partitions)
+                                     config.placement.max_stateful_partitions)
         record = control.current()
     elif record is not None and step_index(record.step) < step_index("published"):
         in_driver.publish(settings, record)
@@ -287,42 +288,42 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
     while True:
         segment = segments[-1]
         seg_config = segment.config(config)
-        if seg_config.assignment is not None:
+        if seg_config.placement.assignment is not None:
             seg_config = replace(seg_config, redis_url=settings.redis_url)
         checkpoint = RunDir(run_dir).checkpoint(segment.checkpoint)
-        recorder.update(strategy=seg_config.strategy, partitions=seg_config.partitions, epoch=seg_config.epoch, segment=segment.index)
-        spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.stateful_partitions))
+        recorder.update(strategy=seg_config.placement.strategy, partitions=seg_config.placement.partitions, epoch=seg_config.placement.epoch, segment=segment.index)
+        spark.conf.set("spark.sql.shuffle.partitions", str(seg_config.placement.stateful_partitions))
         if spec.key_windows:
-            sink = KeyWindowSink(spec, SlidingWindow(seg_config.window_ms, spec.slide_ms), run_dir, config.run_id, seg_config.epoch,
-                                 seg_config.partitions, side_outputs, batch_base=segment.batch_base)
+            sink = KeyWindowSink(spec, SlidingWindow(seg_config.window_ms, spec.slide_ms), run_dir, config.run_id, seg_config.placement.epoch,
+                                 seg_config.placement.partitions, side_outputs, batch_base=segment.batch_base)
         else:
-            pieces = PieceAssembler(spec, RunDir(run_dir).pieces, seg_config.split, segment.batch_base) \
-                if config.watermark_policy.per_key else None
-            sink = KeyedWindowSink(spec, run_dir, config.run_id, seg_config.epoch, seg_config.partitions,
+            pieces = PieceAssembler(spec, RunDir(run_dir).pieces, seg_config.placement.split, segment.batch_base) \
+                if config.event_time.policy.per_key else None
+            sink = KeyedWindowSink(spec, run_dir, config.run_id, seg_config.placement.epoch, seg_config.placement.partitions,
                                    side_outputs, batch_base=segment.batch_base, pieces=pieces)
         initial = initial_state_frame(spark, run_dir / segment.initial_state, variables) if segment.initial_state else None
         stream = job_stream(
-            read_kafka(spark, settings, config.topic, dict(segment.start_offsets), config.max_offsets_per_trigger,
-                       config.max_partition_drift_ms, spec.event_time_field), seg_config,
+            read_kafka(spark, settings, config.input.topic, dict(segment.start_offsets), config.input.max_offsets_per_trigger,
+                       config.event_time.max_partition_drift_ms, spec.event_time_field), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=segment.watermark_floor_ms,
             marker_floor=segment.marker_floor, clocks_dir=run_dir, batch_base=segment.batch_base,
         )
         query_name = f"flight_delays_{config.run_id}_{segment.index}".replace("-", "_")
         batch_function = sink
-        if config.exchange == "global_merge":
+        if config.exchange.mode == "global_merge":
             from keyshift.placement.tokens import slot_tokens
             from keyshift.processing.operators.global_merge import GlobalMergeSink
 
             state = _global_merge_state(settings, config)
             if not (checkpoint / "offsets").exists():
                 state.clear()  # a new run: nothing of an earlier run under this id may count
-            batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.watermark_policy.spark_delay_ms,
-                                             seg_config.window_ms, slot_tokens(seg_config.partitions, seg_config.stateful_partitions),
+            batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.event_time.policy.spark_delay_ms,
+                                             seg_config.window_ms, slot_tokens(seg_config.placement.partitions, seg_config.placement.stateful_partitions),
                                              segment.watermark_floor_ms)
-        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, segment.batch_base, config.partition_idle_timeout_s,
+        batch_function = ClockedBatches(batch_function, run_dir, checkpoint, segment.batch_base, config.event_time.partition_idle_timeout_s,
                                         lambda: input_end.offsets)
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
-        task_times.follow(query_name, segment.batch_base, seg_config.partitions, seg_config.stateful_partitions,
+        task_times.follow(query_name, segment.batch_base, seg_config.placement.partitions, seg_config.placement.stateful_partitions,
                           seg_config.source_tasks)
         if record is not None and record.switch_id == segment.switch_id and record.state not in ("done", "failed", "rolled_back"):
             record.query_started_at = time.time()
@@ -330,8 +331,8 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                 record.step_seconds["start_query"] = round(record.query_started_at - float(record.published_at), 3)
             control.save(record)
         log.info("run %s: query started: %s (strategy %s, P=%d on %d stateful partitions, epoch %d, %s watermark, bound %d ms, "
-                 "batch base %d)", config.run_id, query_name, seg_config.strategy, seg_config.partitions, seg_config.stateful_partitions,
-                 seg_config.epoch, config.watermark, config.bound_ms, segment.batch_base, extra=STEP)
+                 "batch base %d)", config.run_id, query_name, seg_config.placement.strategy, seg_config.placement.partitions, seg_config.placement.stateful_partitions,
+                 seg_config.placement.epoch, config.event_time.mode, config.event_time.bound_ms, segment.batch_base, extra=STEP)
         switching = record if record is not None and record.state not in ("done", "failed", "rolled_back") \
             and record.switch_id == segment.switch_id else None
 
@@ -348,19 +349,19 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                     raise JobError(f"the new query failed: {exc}") from exc
             hold_new_query_batch(sink, segment, switching)
             watch = _watch(query, sink, recorder, settings, seg_config, input_end, stop_requested, checkpoint, segment, control, watch,
-                           switching, finish_switch, lambda: save_job_record(run_dir, replace(config, end_offsets=input_end.offsets),
+                           switching, finish_switch, lambda: save_job_record(run_dir, config.with_end_offsets(input_end.offsets),
                                                                              start, replay))
-            while (spec.key_windows or config.exchange == "global_merge") and watch.get("outcome") == "switch":  # refused; goes on
-                refuse_switch(control, watch.pop("switch_record"), spec.name, config.exchange)
+            while (spec.key_windows or config.exchange.mode == "global_merge") and watch.get("outcome") == "switch":  # refused; goes on
+                refuse_switch(control, watch.pop("switch_record"), spec.name, config.exchange.mode)
                 watch = _watch(query, sink, recorder, settings, seg_config, input_end, stop_requested, checkpoint, segment, control,
-                               watch, None, None, lambda: save_job_record(run_dir, replace(config, end_offsets=input_end.offsets),
+                               watch, None, None, lambda: save_job_record(run_dir, config.with_end_offsets(input_end.offsets),
                                                                           start, replay))
         except JobError as exc:
             sink.close_barrier()  # nothing more of this query reaches the outputs
             query.stop()
             if switching is None:
                 raise
-            if committed_batches(checkpoint, config.topic)[0]:
+            if committed_batches(checkpoint, config.input.topic)[0]:
                 # its outputs are written: going back to the old checkpoint would count them twice
                 control.conclude(switching, "failed", error=str(exc))
                 raise
@@ -380,7 +381,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
             return segments, watch, sink
         record = watch.pop("switch_record")
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at,
-                                     config.max_stateful_partitions)
+                                     config.placement.max_stateful_partitions)
         record = control.current()
 
 
@@ -410,7 +411,7 @@ def _watch(
     `save_end()` records it in the job record once found.
     """
     base = segment.batch_base
-    committed, consumed = committed_batches(checkpoint, config.topic)
+    committed, consumed = committed_batches(checkpoint, config.input.topic)
     consumed = consumed or dict(segment.start_offsets)
     seen: set[int] = set(committed)
     if state is None:  # this attempt's first query
@@ -457,10 +458,10 @@ def _watch(
             # next batch takes beside them, while that batch still runs: they land past every
             # offset of the input, so the batch reading the last records reads them too (after
             # every event of the run) instead of a batch of their own after a drain.
-            room = marker_room(config.max_offsets_per_trigger, config.partitions)
-            if state["markers_end"] is None and input_reached(target, consumed, planned_offsets(checkpoint, config.topic), room):
+            room = marker_room(config.input.max_offsets_per_trigger, config.placement.partitions)
+            if state["markers_end"] is None and input_reached(target, consumed, planned_offsets(checkpoint, config.input.topic), room):
                 log.info("run %s: input planned to its end %s; writing end-of-input markers", config.run_id, target)
-                state["markers_end"] = send_end_of_input(settings, config.topic, config.run_id)
+                state["markers_end"] = send_end_of_input(settings, config.input.topic, config.run_id)
                 last_activity = time.monotonic()
             elif state["markers_end"] is not None and covers(consumed, state["markers_end"]):
                 counters = sink.counters
@@ -488,12 +489,12 @@ def _watch(
                 request = None  # a test's failpoint: the switch waits until a batch has read the markers
             if request is not None and request.step == "requested":
                 log.info("run %s: switch %s requested: %s/P=%d -> %s/P=%s", config.run_id, request.switch_id,
-                         config.strategy, config.partitions, request.strategy_to, request.partitions_to, extra=STEP)
+                         config.placement.strategy, config.placement.partitions, request.strategy_to, request.partitions_to, extra=STEP)
                 state["outcome"] = "switch"
                 state["switch_record"] = request
                 return state
-        if target is not None and time.monotonic() - last_activity > config.idle_timeout_s:
-            raise JobError(f"no batch completed for {config.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
+        if target is not None and time.monotonic() - last_activity > config.input.idle_timeout_s:
+            raise JobError(f"no batch completed for {config.input.idle_timeout_s:.0f} s (consumed {consumed}, target {target})")
         time.sleep(0.1)
 
 
@@ -507,9 +508,9 @@ def _with_default_stateful_partitions(config: JobConfig, spark: SparkSession | N
     cores = spark.sparkContext.defaultParallelism if spark is not None else local_master_cores(master)
     if cores is None:
         return config
-    config = replace(config, max_stateful_partitions=default_max_stateful_partitions(cores))
-    log.info("run %s: %d slots on %d stateful partitions (at most %d: %d per core of %d)", config.run_id, config.partitions,
-             config.stateful_partitions, config.max_stateful_partitions, config.max_stateful_partitions // cores, cores, extra=STEP)
+    config = config.with_placement(max_stateful_partitions=default_max_stateful_partitions(cores))
+    log.info("run %s: %d slots on %d stateful partitions (at most %d: %d per core of %d)", config.run_id, config.placement.partitions,
+             config.placement.stateful_partitions, config.placement.max_stateful_partitions, config.placement.max_stateful_partitions // cores, cores, extra=STEP)
     return config
 
 
@@ -523,22 +524,20 @@ def _with_learned_assignment(settings: Settings, config: JobConfig) -> JobConfig
     """
     from keyshift.placement.assignment_store import AssignmentStore
 
-    snapshot = AssignmentStore.from_settings(settings, config.topic).snapshot()
-    if snapshot["strategy"] != config.strategy or snapshot["partitions"] != config.partitions or snapshot["buckets"]:
+    snapshot = AssignmentStore.from_settings(settings, config.input.topic).snapshot()
+    if snapshot["strategy"] != config.placement.strategy or snapshot["partitions"] != config.placement.partitions or snapshot["buckets"]:
         raise ConfigurationError(
-            f"the assignment published for {config.topic!r} is {snapshot['strategy']} over {snapshot['partitions']} slots"
-            f" (buckets {snapshot['buckets']}); the job asks for {config.strategy} over {config.partitions} slots per key"
+            f"the assignment published for {config.input.topic!r} is {snapshot['strategy']} over {snapshot['partitions']} slots"
+            f" (buckets {snapshot['buckets']}); the job asks for {config.placement.strategy} over {config.placement.partitions} slots per key"
         )
     split = {key: tuple(slots) for key, slots in (snapshot.get("split") or {}).items()}
     log.info(
         "run %s: %s assignment of %d keys (%d split: %s), epoch %d, from Redis",
-        config.run_id, config.strategy, len(snapshot["mapping"]), len(split),
+        config.run_id, config.placement.strategy, len(snapshot["mapping"]), len(split),
         ", ".join(f"{key} on {list(slots)}" for key, slots in sorted(split.items())) or "none", snapshot["epoch"],
     )
-    return replace(
-        config, assignment=dict(snapshot["mapping"]), epoch=int(snapshot["epoch"]), redis_url=settings.redis_url,
-        split=split or None,
-    )
+    return replace(config.with_placement(assignment=dict(snapshot["mapping"]), epoch=int(snapshot["epoch"]), split=split or None),
+                   redis_url=settings.redis_url)
 
 
 class StopSignals:

@@ -13,7 +13,7 @@ from typing import Any
 
 
 from keyshift.console import STEP
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.migration.switch_record import SwitchRecord
 from keyshift.processing.job_record import Segment
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
@@ -108,7 +108,7 @@ def settle_switch_at_stop(control, switching: SwitchRecord, checkpoint: Path, co
         record = control.current()
         if record is None or record.switch_id != switching.switch_id or record.state in FINAL_STATES:
             return  # verified while the query ran
-        committed = committed_batches(checkpoint, config.topic)[0]
+        committed = committed_batches(checkpoint, config.input.topic)[0]
         if not committed:
             log.warning("run %s: stopped before switch %s's new query committed a batch; the switch stays at step %s and "
                         "completes when the run resumes (keyshift job run ... --resume)", config.run_id, record.switch_id,
@@ -139,5 +139,5 @@ def hold_markers_batch(sink, segment: Segment, config: JobConfig, target: dict[i
     tests and in runs without `--limit`."""
     if FAILPOINT_ENV not in os.environ or target is None or armed() != ("switch.before_markers_batch", segment.index + 1):
         return
-    room = marker_room(config.max_offsets_per_trigger, config.partitions)
-    sink.hold_until_barrier = lambda: input_reached(target, {}, planned_offsets(checkpoint, config.topic), room)
+    room = marker_room(config.input.max_offsets_per_trigger, config.placement.partitions)
+    sink.hold_until_barrier = lambda: input_reached(target, {}, planned_offsets(checkpoint, config.input.topic), room)

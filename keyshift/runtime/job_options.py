@@ -17,7 +17,7 @@ from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs import job_names
 from keyshift.names import FLIGHTS_TOPIC, RunDir
 from keyshift.processing.operators.exchange import EXCHANGES
-from keyshift.processing.job_query import JOB_STRATEGIES
+from keyshift.processing.job_config import JOB_STRATEGIES
 from keyshift.settings import DEFAULT_PARTITIONS
 
 
@@ -103,7 +103,7 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         options: the options of `job_options`, by parameter name.
     """
     from keyshift.runtime.driver import run_job
-    from keyshift.processing.job_query import JobConfig
+    from keyshift.processing.job_config import EventTimeConfig, ExchangeConfig, InputConfig, JobConfig, PlacementConfig
     from keyshift.settings import Settings
 
     if options.get("resume"):
@@ -118,28 +118,19 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
     config = JobConfig(
         run_id=options["run_id"] or new_run_id(),
         job=spec.name,
-        strategy=options["strategy"],
-        partitions=options["partitions"],
-        max_stateful_partitions=options.get("max_stateful_partitions"),
-        epoch=options["epoch"],
-        bound_ms=options["bound_ms"],
         window_ms=options["window_ms"] or spec.window_ms,
-        topic=options["topic"] or spec.topics.input,
-        max_offsets_per_trigger=options["max_offsets_per_trigger"],
-        limit=options["limit"],
-        idle_timeout_s=options["idle_timeout"],
-        max_ahead_ms=options["max_ahead_ms"],
-        max_behind_ms=options["max_behind_ms"],
-        reference_min_events=options["reference_min_events"],
-        watermark=options["watermark"],
-        watermark_groups=options["watermark_groups"],
-        idle_fallback=options["idle_fallback"],
-        idle_lag_ms=options["idle_lag_ms"],
-        key_idle_timeout_s=options["key_idle_timeout"],
-        partition_idle_timeout_s=options.get("partition_idle_timeout") or DEFAULT_IDLE_TIMEOUT_S,
-        max_partition_drift_ms=options.get("max_partition_drift_ms"),
-        exchange=options["exchange"],
-        emit=options["emit"],
+        placement=PlacementConfig(strategy=options["strategy"], partitions=options["partitions"],
+                                  max_stateful_partitions=options.get("max_stateful_partitions"), epoch=options["epoch"]),
+        event_time=EventTimeConfig(
+            mode=options["watermark"], bound_ms=options["bound_ms"], groups=options["watermark_groups"],
+            idle_fallback=options["idle_fallback"], idle_lag_ms=options["idle_lag_ms"], key_idle_timeout_s=options["key_idle_timeout"],
+            partition_idle_timeout_s=options.get("partition_idle_timeout") or DEFAULT_IDLE_TIMEOUT_S,
+            max_ahead_ms=options["max_ahead_ms"], max_behind_ms=options["max_behind_ms"],
+            reference_min_events=options["reference_min_events"], max_partition_drift_ms=options.get("max_partition_drift_ms"),
+        ),
+        exchange=ExchangeConfig(mode=options["exchange"], emit=options["emit"]),
+        input=InputConfig(topic=options["topic"] or spec.topics.input, max_offsets_per_trigger=options["max_offsets_per_trigger"],
+                          limit=options["limit"], idle_timeout_s=options["idle_timeout"]),
     )
     return run_job(Settings(), config, starting=options["starting"], driver_log=driver_log, progress=progress,
                              wait_for_input=bool(options.get("wait_for_input")))

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.monitoring.balance import balance_degree
 from keyshift.monitoring.spark_tasks import after_warmup, keyed_stage_task_seconds, makespan_ratio
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.job_record import Segment
 from keyshift.runtime.resources import ResourceSampler, events_per_cpu_second
 from keyshift.processing.outputs.clocked_batches import partition_clock_summary
@@ -151,7 +151,7 @@ def publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config
         state["last_batch_at"] = time.monotonic()
         state["batches"] += 1
         state["records_read"] += int(record.get("numInputRows", 0))
-        state["consumed"] = source_end_offsets(record, config.topic) or state["consumed"]
+        state["consumed"] = source_end_offsets(record, config.input.topic) or state["consumed"]
         state["watermark_ms"] = iso_to_ms(record.get("eventTime", {}).get("watermark"))
         recorder.progress(
             {
@@ -160,10 +160,10 @@ def publish_progress(query, sink: KeyedWindowSink, recorder: RunRecorder, config
                 "attempt": recorder.attempt,
                 "written_at": round(time.time(), 3),
                 "segment": segment.index,
-                "epoch": config.epoch,
-                "strategy": config.strategy,
+                "epoch": config.placement.epoch,
+                "strategy": config.placement.strategy,
                 "input_rows": int(record.get("numInputRows", 0)),
-                "processed_rows_per_slot": sink.batch_slot_events.get(base + batch_id, [0] * config.partitions),
+                "processed_rows_per_slot": sink.batch_slot_events.get(base + batch_id, [0] * config.placement.partitions),
                 "offsets": {str(p): o for p, o in sorted(state["consumed"].items())},
                 "watermark_ms": state["watermark_ms"],
                 "timestamp_ms": iso_to_ms(record.get("timestamp")),
@@ -249,16 +249,16 @@ def build_summary(
     events_read = counters.processed_events
     summary = {
         "run_id": config.run_id,
-        "strategy": config.strategy,
-        "partitions": config.partitions,
-        "epoch": config.epoch,
-        "topic": config.topic,
-        "bound_ms": config.bound_ms,
-        "watermark": config.watermark,
-        "watermark_policy": asdict(config.watermark_policy),
+        "strategy": config.placement.strategy,
+        "partitions": config.placement.partitions,
+        "epoch": config.placement.epoch,
+        "topic": config.input.topic,
+        "bound_ms": config.event_time.bound_ms,
+        "watermark": config.event_time.mode,
+        "watermark_policy": asdict(config.event_time.policy),
         "window_ms": config.window_ms,
-        "max_offsets_per_trigger": config.max_offsets_per_trigger,
-        "partition_drift_bound_ms": config.max_partition_drift_ms,
+        "max_offsets_per_trigger": config.input.max_offsets_per_trigger,
+        "partition_drift_bound_ms": config.event_time.max_partition_drift_ms,
         "events_produced": int(replay["events_produced"]) if replay.get("events_produced") else None,
         "records_read": watch["records_read"],
         "events_read": events_read,
@@ -269,7 +269,7 @@ def build_summary(
         "dead_letters": counters.dead_letters,
         "filtered_events": counters.filtered_events,
         "dead_letters_by_reason": dict(sorted(counters.dead_letters_by_reason.items())),
-        "split_keys": {key: list(slots) for key, slots in sorted((config.split or {}).items())},
+        "split_keys": {key: list(slots) for key, slots in sorted((config.placement.split or {}).items())},
         "merged_window_pieces": counters.merged_window_pieces,
         "pending_events": pending,
         "reconciled": events_read == counters.accounted_events + pending,
@@ -285,7 +285,7 @@ def build_summary(
         "cpu_seconds": sampler.cpu_seconds().as_dict(),
         "events_per_cpu_second": events_per_cpu_second(events_read, sampler.cpu_seconds()),
         "windows_path": str(sink.windows_dir),
-        "end_offsets": {str(p): o for p, o in sorted((config.end_offsets or {}).items())} or None,
+        "end_offsets": {str(p): o for p, o in sorted((config.input.end_offsets or {}).items())} or None,
         "job": config.job,
         "window": config.spec.window,
     }

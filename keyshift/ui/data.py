@@ -179,6 +179,19 @@ class InForce:
     source: str
 
 
+def recorded_config(job: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The config of a run's `job.json` as flat option names (`topic`, `strategy`, `partitions`,
+    ...; `keyshift.processing.job_config.recorded_options`), grouped or flat as stored; {} when
+    there is none or it is not a JSON object."""
+    from keyshift.processing.job_config import recorded_options
+
+    config = (job or {}).get("config")
+    try:
+        return recorded_options(config) if isinstance(config, Mapping) else {}
+    except AttributeError:  # a group that is not an object: show what there is elsewhere
+        return {}
+
+
 def in_force(job: Mapping[str, Any] | None, record: Mapping[str, Any] | None, batches: Sequence[BatchLoad] = (),
              summary: Mapping[str, Any] | None = None) -> InForce:
     """What placement a run is using: its last segment, else its last batch, record or summary.
@@ -197,7 +210,7 @@ def in_force(job: Mapping[str, Any] | None, record: Mapping[str, Any] | None, ba
     if batches and batches[-1].strategy:
         last_batch = batches[-1]
         return InForce(last_batch.strategy, len(last_batch.slot_events) or None, last_batch.epoch, last_batch.segment, "progress")
-    for source, values in (("run record", record), ("summary", summary), ("job.json config", (job or {}).get("config"))):
+    for source, values in (("run record", record), ("summary", summary), ("job.json config", recorded_config(job))):
         if values and values.get("strategy"):
             return InForce(values.get("strategy"), as_int(values.get("partitions")), as_int(values.get("epoch")),
                            as_int(values.get("segment")), source)

@@ -210,7 +210,7 @@ class Reader:
         if events is None:
             events = data.as_int(self._latest_progress(run_id).get("events_read"))
         quality = data.quality_result(run_dir)
-        topic = record.get("topic") or (summary or {}).get("topic") or ((job or {}).get("config") or {}).get("topic") or ""
+        topic = record.get("topic") or (summary or {}).get("topic") or data.recorded_config(job).get("topic") or ""
         state = record.get("state") or ("succeeded" if summary else "")
         return RunRow(run_id, topic, state, placement.strategy, placement.epoch, placement.partitions, started,
                       data.as_int(events), data.as_float((summary or {}).get("balance_degree")),
@@ -351,7 +351,7 @@ class Reader:
         job = data.read_json(RunDir(run_dir).job_record)
         job = job if isinstance(job, dict) else None
         batches = data.batch_loads(data.read_jsonl(RunDir(run_dir).progress), data.read_ledger(run_dir))
-        topic = record.get("topic") or (summary or {}).get("topic") or ((job or {}).get("config") or {}).get("topic")
+        topic = record.get("topic") or (summary or {}).get("topic") or data.recorded_config(job).get("topic")
         return RunView(
             run_id=run_id, run_dir=run_dir, record=record, summary=summary,
             in_force=data.in_force(job, record or None, batches, summary), batches=tuple(batches),

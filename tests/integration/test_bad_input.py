@@ -29,7 +29,7 @@ import pytest
 
 from keyshift.eventtime.plausibility import TOO_FAR_AHEAD, TOO_FAR_BEHIND, TOO_FAR_IN_THE_FUTURE
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.processor import DUPLICATE_EVENT_ID
 
 pytestmark = pytest.mark.integration
@@ -141,7 +141,7 @@ def run(stack_settings, spark):
     producer.close()
     total = FLIGHTS + 3 * len(CORPUS) + COPIES
 
-    config = JobConfig(
+    config = JobConfig.from_options(
         run_id=f"it-bad-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS, limit=total,
         max_offsets_per_trigger=PER_BATCH, bound_ms=2 * 86_400_000, idle_timeout_s=240,
     )

@@ -24,7 +24,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.placement.strategies import strategy_by_name
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.processor import PENDING_STATE_NAME
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ def run(settings, spark, tmp_path_factory):
     send_malformed(25)  # ... and after them, on every partition
     producer.close()
 
-    config = JobConfig(
+    config = JobConfig.from_options(
         run_id=f"it-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS,
         limit=FLIGHTS + 50, max_offsets_per_trigger=40_000, bound_ms=3_600_000, idle_timeout_s=240,
     )

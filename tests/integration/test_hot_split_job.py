@@ -21,7 +21,7 @@ import pytest
 
 from keyshift.names import LATE_TOPIC
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.processor import PENDING_STATE_NAME
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ def runs(settings, spark):
 
     summaries = {}
     for strategy in ("hot_split", "hash"):
-        config = JobConfig(
+        config = JobConfig.from_options(
             run_id=f"it-{strategy.replace('_', '-')}-{uuid.uuid4().hex[:8]}", strategy=strategy, topic=topic,
             partitions=PARTITIONS, limit=FLIGHTS, max_offsets_per_trigger=BATCH, bound_ms=3_600_000, idle_timeout_s=240,
         )

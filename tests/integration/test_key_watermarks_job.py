@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def _run(settings, spark, strategy: str, partitions: int, modes: tuple[str, ...]
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     runs = {}
     for mode in modes:
-        config = JobConfig(
+        config = JobConfig.from_options(
             run_id=f"it-keywm-{strategy}-{mode}-{uuid.uuid4().hex[:6]}", strategy=strategy, partitions=partitions, topic=topic,
             bound_ms=MINUTE_MS, max_offsets_per_trigger=PER_TRIGGER, limit=FLIGHTS, watermark=mode,
         )

@@ -234,6 +234,6 @@ def test_a_bounded_run_on_a_live_feed_reads_while_the_feed_runs(stack_settings, 
     assert _reconciled(summary) and summary["events_read"] == flights and summary["late_events"] == 0, summary
     assert sum(int(o) for o in summary["end_offsets"].values()) == flights
     job_record = json.loads((run_dir / "job.json").read_text())
-    assert job_record["config"]["end_offsets"] == {str(p): o for p, o in summary["end_offsets"].items()}
+    assert job_record["config"]["input"]["end_offsets"] == {str(p): o for p, o in summary["end_offsets"].items()}
     comparison = compare_to_reference(run_dir / "windows", reference_windows(flights_path(stack_settings), limit=flights))
     assert comparison["equal"], comparison

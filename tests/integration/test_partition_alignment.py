@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from tests.integration.flight_runs import assert_lossless
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_an_aligned_backfill_loses_nothing_and_keeps_the_partitions_within_the_b
 
     topic, reference, flights, gap = backfills[variant]
     spark.conf.set("spark.sql.shuffle.partitions", "8")
-    config = JobConfig(
+    config = JobConfig.from_options(
         run_id=f"it-align-{mode}-{uuid.uuid4().hex[:6]}", partitions=8, topic=topic, bound_ms=MINUTE_MS,
         max_offsets_per_trigger=PER_TRIGGER, limit=flights, watermark=mode, max_partition_drift_ms=drift_ms,
         max_ahead_ms=EVERY * 7 * DAY_MS,  # a thinned block of 1,000 events spans 10 times the event time

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from tests.integration.flight_runs import assert_lossless
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ def _run(settings, spark, topic: str, flights: int, strategy: str, partitions: i
 
     if strategy in LEARNED_STRATEGIES:
         learn_and_publish(settings, topic, strategy, partitions, None, flights=flights_path(settings))
-    config = JobConfig(
+    config = JobConfig.from_options(
         run_id=f"it-drift-{strategy}-{mode}-{uuid.uuid4().hex[:6]}", strategy=strategy, partitions=partitions, topic=topic,
         bound_ms=MINUTE_MS, max_offsets_per_trigger=PER_TRIGGER, limit=flights, watermark=mode,
     )

@@ -33,7 +33,7 @@ def run(stack_settings, spark):
     """Replay 20,000 flights into a fresh topic and run the job once; returns its run folder and id."""
     from keyshift.data.replay import replay_flights
     from keyshift.runtime.driver import run_job
-    from keyshift.processing.job_query import JobConfig
+    from keyshift.processing.job_config import JobConfig
     from keyshift.topics import create_topics, describe_topics
 
     settings = stack_settings
@@ -43,7 +43,7 @@ def run(stack_settings, spark):
     if missing:
         create_topics(settings, missing, PARTITIONS)
     replay_flights(settings, topic, limit=FLIGHTS, strategy="hash", partitions=PARTITIONS, progress=False)
-    config = JobConfig(run_id=f"it-dq-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS,
+    config = JobConfig.from_options(run_id=f"it-dq-{uuid.uuid4().hex[:8]}", topic=topic, partitions=PARTITIONS,
                                   limit=FLIGHTS, bound_ms=3_600_000, idle_timeout_s=240)
     summary = run_job(settings, config, starting="earliest", spark=spark)
     assert summary["alerts"] > 0  # the wrong-alert case below needs real alerts to copy

@@ -28,7 +28,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from keyshift.eventtime.key_windows import SlidingWindow, expand_updates
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def run(settings, stack_settings, spark):
     send_malformed(10)
     producer.close()
 
-    config = JobConfig(
+    config = JobConfig.from_options(
         run_id=f"kw-{uuid.uuid4().hex[:8]}", job="flight_delays_sliding", topic=topic, partitions=PARTITIONS, limit=FLIGHTS + 20,
         max_offsets_per_trigger=7_000, watermark="key", bound_ms=MINUTE_MS, idle_timeout_s=240,
     )

@@ -11,7 +11,7 @@ from keyshift.errors import ConfigurationError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.processing.operators.exchange import Emit, check_exchange, merge_segments, parse_emit
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.local_merge import partials_arrow
 from tests.unit.test_local_merge_arrow import TOKENS, arrow_input, events, token_of
 
@@ -74,9 +74,9 @@ def test_emit_modes_order_by_partial_count():
 
 def test_job_config_refuses_global_merge_with_key_watermarks_and_exchanges_for_key_windows():
     with pytest.raises(ConfigurationError, match="global watermark"):
-        JobConfig(run_id="x", exchange="global_merge", watermark="key").check_exchange()
+        JobConfig.from_options(run_id="x", exchange="global_merge", watermark="key").check_exchange()
     with pytest.raises(ConfigurationError, match="tumbling-window jobs"):
-        JobConfig(run_id="x", job="flight_delays_sliding", exchange="plain").check_exchange()
+        JobConfig.from_options(run_id="x", job="flight_delays_sliding", exchange="plain").check_exchange()
     with pytest.raises(ConfigurationError, match="emit mode"):
-        JobConfig(run_id="x", emit="sometimes").check_exchange()
-    JobConfig(run_id="x", exchange="global_merge").check_exchange()  # the flights in global mode: fine
+        JobConfig.from_options(run_id="x", emit="sometimes").check_exchange()
+    JobConfig.from_options(run_id="x", exchange="global_merge").check_exchange()  # the flights in global mode: fine

@@ -18,7 +18,7 @@ from keyshift.jobs import job_names, job_spec
 from keyshift.jobs.flight_delays import FLIGHT_DELAYS
 from keyshift.jobs.flight_delays_sliding import FLIGHT_DELAYS_SLIDING, MINUTE_MS
 from keyshift.placement.spark_tokens import token_lookup
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.key_window_processor import END_OF_INPUT_EVENT_TIME_MS, KeyWindowProcessor
 from keyshift.processing.outputs.key_window_sink import native_window_rows
 from keyshift.processing.operators.key_window_stream import (

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from keyshift.errors import ConfigurationError
 from keyshift.processing.job_record import load_job_record, save_job_record
-
 from keyshift.processing.spark_checkpoint import committed_batches
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
-from keyshift.processing.job_query import JobConfig
+from keyshift.processing.job_config import JobConfig
 from keyshift.processing.outputs.ledger import BatchCounts, RunLedger
 
 
@@ -87,12 +87,35 @@ def test_py4j_logs_a_refused_batch_as_one_line_and_other_errors_with_their_trace
 
 
 def test_job_record_round_trip(tmp_path):
-    config = JobConfig(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
+    config = JobConfig.from_options(run_id="r1", strategy="hot_split", partitions=4, end_offsets={0: 10, 3: 7},
                                   assignment={"ORD": 1}, split={"ORD": (1, 2)}, limit=17)
     save_job_record(tmp_path, config, {0: 0, 1: 5, 2: 0, 3: 0}, {"events_produced": "17"})
     loaded, start, replay = load_job_record(tmp_path)
     assert loaded == config
     assert start == {0: 0, 1: 5, 2: 0, 3: 0} and replay == {"events_produced": "17"}
+
+
+def test_the_job_record_stores_the_config_by_group_and_reads_one_written_flat(tmp_path):
+    """The grouped form is what job.json holds; a record written before the groups (flat
+    fields, some this version no longer knows) reads to the same config."""
+    import json
+
+    config = JobConfig.from_options(run_id="r1", strategy="least_count", partitions=4, watermark="key", bound_ms=60_000,
+                                    max_partition_drift_ms=3_600_000, exchange="plain", topic="t", limit=17, end_offsets={0: 3})
+    save_job_record(tmp_path, config, {0: 0, 1: 0, 2: 0, 3: 0}, {})
+    stored = json.loads((tmp_path / "job.json").read_text())["config"]
+    assert stored["placement"]["strategy"] == "least_count" and stored["event_time"]["mode"] == "key"
+    assert stored["event_time"]["max_partition_drift_ms"] == 3_600_000 and stored["exchange"] == {"mode": "plain", "emit": "batch"}
+    assert stored["input"]["topic"] == "t" and stored["input"]["end_offsets"] == {"0": 3}
+    assert JobConfig.from_json(stored) == config
+    flat = {"run_id": "r1", "job": "flight_delays", "strategy": "least_count", "partitions": 4, "watermark": "key", "bound_ms": 60_000,
+            "max_partition_drift_ms": 3_600_000, "exchange": "plain", "topic": "t", "limit": 17, "end_offsets": {"0": 3},
+            "a_field_of_an_older_version": 1}
+    assert JobConfig.from_json(flat) == config
+    with pytest.raises(ConfigurationError, match="'watermark_mode' is not a job setting"):
+        JobConfig.from_options("r", watermark_mode="key")
+    with pytest.raises(ConfigurationError, match="malformed"):
+        JobConfig.from_json({"job": "flight_delays"})
 
 
 def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
@@ -101,17 +124,17 @@ def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
 
     from keyshift.processing.job_record import Segment, load_segments
 
-    config = JobConfig(run_id="r2", partitions=32, max_stateful_partitions=8)
-    assert config.stateful_partitions == 8
+    config = JobConfig.from_options(run_id="r2", partitions=32, max_stateful_partitions=8)
+    assert config.placement.stateful_partitions == 8
     save_job_record(tmp_path, config, {p: 0 for p in range(32)}, {})
     loaded, _, _ = load_job_record(tmp_path)
     [segment] = load_segments(tmp_path)
-    assert loaded.max_stateful_partitions == 8 and segment.stateful_partitions == 8
-    assert segment.config(loaded).stateful_partitions == 8
+    assert loaded.placement.max_stateful_partitions == 8 and segment.stateful_partitions == 8
+    assert segment.config(loaded).placement.stateful_partitions == 8
     # a switch's segment at P = 4 runs min(4, 8) = 4; a segment of a run from before the cap has none: S = P
-    assert dataclasses.replace(segment, partitions=4, stateful_partitions=4).config(loaded).stateful_partitions == 4
+    assert dataclasses.replace(segment, partitions=4, stateful_partitions=4).config(loaded).placement.stateful_partitions == 4
     old = {k: v for k, v in segment.as_json().items() if k != "stateful_partitions"}
-    assert Segment.from_json(old).config(loaded).stateful_partitions == 32
+    assert Segment.from_json(old).config(loaded).placement.stateful_partitions == 32
     # the stored form is the JSON the job record has always had: offsets keyed by partition as text
     stored = json.loads((tmp_path / "job.json").read_text())["segments"]
     assert stored == [segment.as_json()] and stored[0]["start_offsets"]["31"] == 0 and "marker_floor" not in stored[0]
@@ -121,19 +144,19 @@ def test_stateful_partitions_live_in_the_job_record_and_its_segments(tmp_path):
 def test_stateful_partitions_are_at_most_p():
     from keyshift.errors import PlacementError
 
-    assert JobConfig(run_id="r", partitions=8).stateful_partitions == 8
-    assert JobConfig(run_id="r", partitions=8, max_stateful_partitions=64).stateful_partitions == 8
-    assert JobConfig(run_id="r", partitions=8, max_stateful_partitions=3).stateful_partitions == 3
+    assert JobConfig.from_options(run_id="r", partitions=8).placement.stateful_partitions == 8
+    assert JobConfig.from_options(run_id="r", partitions=8, max_stateful_partitions=64).placement.stateful_partitions == 8
+    assert JobConfig.from_options(run_id="r", partitions=8, max_stateful_partitions=3).placement.stateful_partitions == 3
     with pytest.raises(PlacementError, match="max_stateful_partitions"):
-        _ = JobConfig(run_id="r", partitions=8, max_stateful_partitions=0).stateful_partitions
+        _ = JobConfig.from_options(run_id="r", partitions=8, max_stateful_partitions=0).placement.stateful_partitions
 
 
 def test_the_ingest_stage_runs_s_tasks_except_under_global_merge():
-    assert JobConfig(run_id="r", partitions=32, max_stateful_partitions=2).source_tasks == 2
-    assert JobConfig(run_id="r", partitions=8).source_tasks == 8
-    assert JobConfig(run_id="r", partitions=8, max_stateful_partitions=64).source_tasks == 8
+    assert JobConfig.from_options(run_id="r", partitions=32, max_stateful_partitions=2).source_tasks == 2
+    assert JobConfig.from_options(run_id="r", partitions=8).source_tasks == 8
+    assert JobConfig.from_options(run_id="r", partitions=8, max_stateful_partitions=64).source_tasks == 8
     # global_merge's tasks each merge one Kafka partition's slot into Redis: never coalesced
-    assert JobConfig(run_id="r", partitions=32, max_stateful_partitions=2, exchange="global_merge").source_tasks == 32
+    assert JobConfig.from_options(run_id="r", partitions=32, max_stateful_partitions=2, exchange="global_merge").source_tasks == 32
 
 
 def test_resuming_without_a_job_record_names_the_problem(tmp_path):
@@ -195,15 +218,15 @@ def test_job_record_round_trips_and_names_its_job(tmp_path):
     from keyshift.processing.job_record import JobRecord
 
     assert JobRecord.job_name(tmp_path) is None  # not started: no record
-    config = JobConfig(run_id="r3", partitions=4, end_offsets={0: 5, 1: 7, 2: 0, 3: 1})
+    config = JobConfig.from_options(run_id="r3", partitions=4, end_offsets={0: 5, 1: 7, 2: 0, 3: 1})
     save_job_record(tmp_path, config, {0: 0, 1: 2, 2: 0, 3: 0}, {"events_produced": "13"})
     record = JobRecord.read(tmp_path)
     assert record.config == config and record.start_offsets == {0: 0, 1: 2, 2: 0, 3: 0}
     assert record.replay == {"events_produced": "13"} and [s.index for s in record.segments] == [0]
     assert JobRecord.job_name(tmp_path) == "flight_delays"
     # the input end, once fixed, stays when a later save has none
-    save_job_record(tmp_path, JobConfig(run_id="r3", partitions=4), record.start_offsets, record.replay)
-    assert JobRecord.read(tmp_path).config.end_offsets == {0: 5, 1: 7, 2: 0, 3: 1}
+    save_job_record(tmp_path, JobConfig.from_options(run_id="r3", partitions=4), record.start_offsets, record.replay)
+    assert JobRecord.read(tmp_path).config.input.end_offsets == {0: 5, 1: 7, 2: 0, 3: 1}
     (tmp_path / "job.json").write_text('{"config": {"run_id": "r3"}}')
     with pytest.raises(ConfigurationError, match="malformed"):
         JobRecord.read(tmp_path)

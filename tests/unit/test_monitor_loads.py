@@ -138,7 +138,7 @@ def test_monitor_params_defaults_and_errors() -> None:
 
 
 def test_default_candidates_are_the_job_strategies() -> None:
-    from keyshift.processing.job_query import JOB_STRATEGIES
+    from keyshift.processing.job_config import JOB_STRATEGIES
 
     assert set(DEFAULT_CANDIDATES) == set(JOB_STRATEGIES)
 

@@ -55,6 +55,11 @@ def test_segment_starts_mark_where_a_switch_took_effect():
         # no segments: the last batch's strategy and epoch, P from its slots
         ({"config": {"strategy": "hash"}}, {"strategy": "hash"}, progress(4, [1, 1, 1], "hot_split", 2, 1),
          ("hot_split", 3, 2, 1, "progress")),
+        # nothing but the job record's config, grouped as stored, or flat as before the groups
+        ({"config": {"placement": {"strategy": "least_count", "partitions": 4, "epoch": 2}, "exchange": {"mode": "plain"}}}, None, None,
+         ("least_count", 4, 2, None, "job.json config")),
+        ({"config": {"strategy": "modulo", "partitions": 6, "epoch": 1, "exchange": "plain"}}, None, None,
+         ("modulo", 6, 1, None, "job.json config")),
         # nothing but the Redis record (values are text there)
         (None, {"strategy": "least_key", "partitions": "4", "epoch": "5"}, None, ("least_key", 4, 5, None, "run record")),
         # nothing at all
