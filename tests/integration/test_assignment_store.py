@@ -319,6 +319,7 @@ def test_a_switch_verifies_a_key_the_new_query_placed_by_the_store_slot(store):
     again only after the cut) is placed in the new query's first batch by the store's atomic
     assign; the switch's placement check must expect that slot, not the hash rule's."""
     from keyshift.migration.in_driver import slot_function
+    from keyshift.migration.switch_record import SwitchRecord
     from keyshift.placement.spark_tokens import assignment_token_lookup
     from keyshift.placement.strategies import strategy_by_name
 
@@ -328,7 +329,8 @@ def test_a_switch_verifies_a_key_the_new_query_placed_by_the_store_slot(store):
     loads[emptiest] = 0
     mapping = {"ORD": 0, "ATL": 1, "DEN": 2, "SFO": 3}
     store.publish("least_count", 4, mapping, loads)
-    record = {"switch_id": "sw", "strategy_to": "least_count", "partitions_to": 4, "mapping": mapping, "split": {}}
+    record = SwitchRecord(switch_id="sw", run_id="r", topic=store.name, strategy_from="hash", strategy_to="least_count",
+                          partitions_from=4, partitions_to=4, epoch_from=0, epoch_to=1, mapping=mapping)
 
     token_of, tokens = assignment_token_lookup(mapping, 4, Settings().redis_url, store.name)
     job_slot = list(tokens).index(token_of("PSG"))  # the slot the new query's ingest gave it
