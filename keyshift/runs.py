@@ -54,12 +54,10 @@ def redis_client(settings: Settings, *, decode_responses: bool = True, timeout_s
     )
     try:
         client.ping()
-    except redis.AuthenticationError as exc:
-        from keyshift.stack.redis import auth_fix
-
-        raise StackError(f"Redis at {settings.redis_address} refused the login ({exc}); {auth_fix(settings)}") from exc
     except redis.RedisError as exc:
-        raise StackError(f"Redis at {settings.redis_address} is not reachable ({exc}); run `keyshift stack up`") from exc
+        from keyshift.stack.redis import unreachable
+
+        raise unreachable(settings, exc) from exc
     return client
 
 

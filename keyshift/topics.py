@@ -18,11 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError, SaslAuthenticationFailedError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from keyshift.errors import ConfigurationError, StackError
 from keyshift.kafka_clients import client_options
 from keyshift.settings import Settings
+from keyshift.stack.kafka import broker_unreachable, check_broker
 
 log = logging.getLogger(__name__)
 
@@ -82,45 +83,6 @@ def kafka_config(settings: Settings, client_id: str) -> dict[str, object]:
         "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
         **client_options(settings),
     }
-
-
-def broker_unreachable(settings: Settings, exc: Exception) -> StackError:
-    """The error to raise when no broker answers at `settings.bootstrap_servers`.
-
-    The fix it names: the SASL settings when the broker refused the login, or when something
-    listens there but never completed a request (kafka-python reports a refused SASL login, or a
-    PLAINTEXT client at a SASL listener, only as a bootstrap timeout); else `keyshift stack up`.
-    """
-    from keyshift.stack.process import port_open
-
-    where = settings.bootstrap_servers
-    sasl_fix = (
-        "set KEYSHIFT_KAFKA_SASL_USERNAME and KEYSHIFT_KAFKA_SASL_PASSWORD to the broker's user"
-        if not settings.kafka_sasl
-        else "check KEYSHIFT_KAFKA_SASL_USERNAME and KEYSHIFT_KAFKA_SASL_PASSWORD"
-    )
-    if isinstance(exc, SaslAuthenticationFailedError):
-        return StackError(f"Kafka at {where} refused the login ({exc}); {sasl_fix}")
-    if not isinstance(exc, ConnectionRefusedError) and port_open(settings.kafka_host, settings.kafka_port):
-        return StackError(
-            f"Kafka at {where} accepts connections but answered no request ({exc}); if it requires "
-            f"a login (SASL), {sasl_fix}; else see its log (`keyshift stack status` names it)"
-        )
-    return StackError(f"no Kafka broker answers at {where} ({exc}); start the stack with `keyshift stack up`")
-
-
-def check_broker(settings: Settings) -> None:
-    """Fail fast when nothing listens at `settings.bootstrap_servers` (a TCP connect, < 1 s).
-
-    kafka-python would otherwise retry for `BOOTSTRAP_TIMEOUT_MS` before giving up.
-
-    Raises:
-        StackError: nothing accepts connections there (with the fix: `keyshift stack up`).
-    """
-    from keyshift.stack.process import port_open
-
-    if not port_open(settings.kafka_host, settings.kafka_port):
-        raise broker_unreachable(settings, ConnectionRefusedError("nothing listens there"))
 
 
 @contextmanager

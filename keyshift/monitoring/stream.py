@@ -26,7 +26,8 @@ from kafka.errors import KafkaError
 from keyshift.errors import ConfigurationError, StackError
 from keyshift.monitoring.sampling import Sampler
 from keyshift.settings import Settings
-from keyshift.topics import broker_unreachable, check_broker, kafka_config
+from keyshift.stack.kafka import broker_unreachable, check_broker
+from keyshift.topics import kafka_config
 
 log = logging.getLogger(__name__)
 

@@ -169,7 +169,7 @@ def require(settings: Settings, *names: str) -> None:
 
     `kafka`: something accepts connections at `settings.bootstrap_servers` (a TCP connect, under
     a second; the client that follows reports a refused login). `redis`: the coordinator answers
-    PING with the settings' password (`keyshift.runs.redis_client`). `airflow`: the health
+    PING with the settings' password (`keyshift.stack.redis.check_server`). `airflow`: the health
     endpoint answers.
 
     Raises:
@@ -180,13 +180,13 @@ def require(settings: Settings, *names: str) -> None:
     select(names)  # known names only
     for name in names or SERVICES:  # in the order given: the first one down is reported
         if name == "kafka":
-            from keyshift.topics import check_broker
+            from keyshift.stack.kafka import check_broker
 
             check_broker(settings)
         elif name == "redis":
-            from keyshift.runs import redis_client
+            from keyshift.stack.redis import check_server
 
-            redis_client(settings, timeout_s=5.0).close()
+            check_server(settings)
         else:
             from keyshift.stack import airflow
 

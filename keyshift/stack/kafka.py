@@ -226,6 +226,43 @@ def _existing_cluster_id(settings: Settings) -> str:
     return ""
 
 
+def broker_unreachable(settings: Settings, exc: Exception) -> StackError:
+    """The error to raise when no broker answers at `settings.bootstrap_servers`.
+
+    The fix it names: the SASL settings when the broker refused the login, or when something
+    listens there but never completed a request (kafka-python reports a refused SASL login, or a
+    PLAINTEXT client at a SASL listener, only as a bootstrap timeout); else `keyshift stack up`.
+    """
+    where = settings.bootstrap_servers
+    sasl_fix = (
+        "set KEYSHIFT_KAFKA_SASL_USERNAME and KEYSHIFT_KAFKA_SASL_PASSWORD to the broker's user"
+        if not settings.kafka_sasl
+        else "check KEYSHIFT_KAFKA_SASL_USERNAME and KEYSHIFT_KAFKA_SASL_PASSWORD"
+    )
+    from kafka import errors as kafka_errors
+
+    if isinstance(exc, kafka_errors.SaslAuthenticationFailedError):
+        return StackError(f"Kafka at {where} refused the login ({exc}); {sasl_fix}")
+    if not isinstance(exc, ConnectionRefusedError) and process.port_open(settings.kafka_host, settings.kafka_port):
+        return StackError(
+            f"Kafka at {where} accepts connections but answered no request ({exc}); if it requires "
+            f"a login (SASL), {sasl_fix}; else see its log (`keyshift stack status` names it)"
+        )
+    return StackError(f"no Kafka broker answers at {where} ({exc}); start the stack with `keyshift stack up`")
+
+
+def check_broker(settings: Settings) -> None:
+    """Fail fast when nothing listens at `settings.bootstrap_servers` (a TCP connect, < 1 s).
+
+    kafka-python would otherwise retry for `BOOTSTRAP_TIMEOUT_MS` before giving up.
+
+    Raises:
+        StackError: nothing accepts connections there (with the fix: `keyshift stack up`).
+    """
+    if not process.port_open(settings.kafka_host, settings.kafka_port):
+        raise broker_unreachable(settings, ConnectionRefusedError("nothing listens there"))
+
+
 @dataclass(frozen=True)
 class KafkaHealth:
     """What a metadata request to the broker returned.

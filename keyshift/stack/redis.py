@@ -155,6 +155,33 @@ def client(settings: Settings, *, timeout_s: float = 2.0) -> redis_py.Redis:
     )
 
 
+def unreachable(settings: Settings, exc: Exception) -> StackError:
+    """The error for a redis-py error `exc` of a keyshift client: a refused login names the
+    password setting to fix (`auth_fix`), anything else `keyshift stack up`."""
+    import redis
+
+    if isinstance(exc, redis.AuthenticationError):
+        return StackError(f"Redis at {settings.redis_address} refused the login ({exc}); {auth_fix(settings)}")
+    return StackError(f"Redis at {settings.redis_address} is not reachable ({exc}); run `keyshift stack up`")
+
+
+def check_server(settings: Settings, *, timeout_s: float = 5.0) -> None:
+    """Fail fast unless the coordinator answers PING with the settings' password.
+
+    Raises:
+        StackError: `unreachable`'s, with the fix.
+    """
+    import redis
+
+    conn = client(settings, timeout_s=timeout_s)
+    try:
+        conn.ping()
+    except redis.RedisError as exc:
+        raise unreachable(settings, exc) from exc
+    finally:
+        conn.close()
+
+
 def ping(settings: Settings, *, timeout_s: float = 2.0) -> str:
     """PING the server; return its version.
 
