@@ -284,7 +284,8 @@ def _rebalanced(sample: _Sample, goal: float, top: float, splitting: bool) -> di
     2. While the balance degree is below `goal`, one whole key moves to the lightest slot: the
        move that most reduces the loads' distance to that window per byte moved (most events
        per byte), the larger reduction on a tie. When no move reduces it, the heaviest slot
-       gives the lightest a key lighter than their gap, most events per byte first.
+       gives the lightest a key lighter than their gap, most events per byte first; when it
+       has none, a move or a swap with a lighter slot (`_unstuck`).
     """
     size, placement, pending = sample.partitions, {}, []
     distance = lambda v: np.maximum(0.0, v - top) + np.maximum(0.0, goal * top - v)  # noqa: E731
@@ -321,7 +322,14 @@ def _rebalanced(sample: _Sample, goal: float, top: float, splitting: bool) -> di
             heavy = int(np.argmax(load))
             fits = (where == heavy) & (events < load[heavy] - load[light])
             if not fits.any():
-                break
+                step = _unstuck(load, where, events, nbytes)
+                if step is None:
+                    break
+                for pick, slot in step:
+                    load[where[pick]] -= events[pick]
+                    load[slot] += events[pick]
+                    where[pick] = slot
+                continue
             score, tie = np.where(fits, per_byte, -1.0), -np.abs(events - (load[heavy] - load[light]) / 2)
         high = score.max()
         near = np.flatnonzero(score >= (high if np.isinf(high) else high * (1 - 1e-9)))
@@ -331,6 +339,48 @@ def _rebalanced(sample: _Sample, goal: float, top: float, splitting: bool) -> di
         where[pick] = light
     placement.update((key, (int(slot),)) for key, slot in zip(whole, where))
     return placement
+
+
+def _unstuck(load: np.ndarray, where: np.ndarray, events: np.ndarray, nbytes: np.ndarray) -> list[tuple[int, int]] | None:
+    """`_rebalanced`'s step when no key of the heaviest slot h fits the gap to the lightest.
+
+    For each slot s ≠ h, lightest first, the first that admits one: a key of h with fewer
+    events than load[h] - load[s] moves to s, or a key a of h and a key b of s swap, with
+    0 < events(a) - events(b) < load[h] - load[s]. Either lowers h without raising s to h's
+    load, so the sum of squared slot loads falls strictly and the loop ends (the rule of a
+    pairwise-exchange local search for multiway number partitioning). Among a slot's choices:
+    the largest narrowing of the pair's gap per byte moved, then the largest narrowing.
+
+    Args:
+        load: events per slot (float array of length P2), where: each whole key's slot, events
+            and nbytes: each whole key's events and state bytes (arrays of one length).
+
+    Returns:
+        [(key index, new slot), ...] (one move or the two halves of a swap), or None when no
+        slot admits one.
+    """
+    heavy = int(np.argmax(load))
+    mine = np.flatnonzero(where == heavy)
+    for slot in np.argsort(load, kind="stable"):
+        gap = load[heavy] - load[slot]
+        if slot == heavy or gap <= _EPS:
+            continue
+        theirs = np.flatnonzero(where == slot)
+        given = np.concatenate([events[mine][:, None] - events[theirs][None, :], events[mine][:, None]], axis=1)
+        cost = np.concatenate([nbytes[mine][:, None] + nbytes[theirs][None, :], nbytes[mine][:, None]], axis=1)
+        fits = (given > _EPS) & (given < gap - _EPS)
+        if not fits.any():
+            continue
+        narrowing = np.where(fits, gap - np.abs(gap - 2 * given), -1.0)
+        score = np.where(fits, np.divide(narrowing, cost, out=np.full(cost.shape, np.inf), where=cost > 0), -np.inf)
+        high = score.max()
+        near = score >= (high if np.isinf(high) else high * (1 - 1e-9))
+        row, column = np.unravel_index(np.argmax(np.where(near, narrowing, -np.inf)), score.shape)
+        step = [(int(mine[row]), int(slot))]
+        if column < len(theirs):
+            step.append((int(theirs[column]), heavy))
+        return step
+    return None
 
 
 def _knap(events: np.ndarray, nbytes: np.ndarray, group: np.ndarray, need: np.ndarray) -> float:
