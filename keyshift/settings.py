@@ -57,6 +57,12 @@ class Settings(BaseSettings):
         spark_class_archive: a job that starts its own driver JVM maps a class-data sharing
             archive of the classes an earlier run loaded, and the first run writes it
             (`keyshift.runtime.class_archive`); False: never.
+        spark_cluster_host: the address the standalone cluster's master and workers bind to
+            (`keyshift.stack.spark_cluster`); loopback by default.
+        spark_master_port, spark_master_ui_port: the standalone master's port and web UI (the
+            workers' UIs take the ports after it).
+        spark_workers: workers of the standalone cluster. spark_worker_cores: cores each offers.
+        spark_worker_memory: memory each offers to executors (`4g`).
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
@@ -81,6 +87,12 @@ class Settings(BaseSettings):
     spark_master: str = "local[*]"
     spark_driver_memory: str = DEFAULT_DRIVER_MEMORY
     spark_class_archive: bool = True
+    spark_cluster_host: str = "127.0.0.1"
+    spark_master_port: int = int(stack_value("KEYSHIFT_SPARK_MASTER_PORT"))
+    spark_master_ui_port: int = int(stack_value("KEYSHIFT_SPARK_MASTER_UI_PORT"))
+    spark_workers: int = Field(default=2, ge=1)
+    spark_worker_cores: int = Field(default=1, ge=1)
+    spark_worker_memory: str = "4g"
     partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")

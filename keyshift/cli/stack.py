@@ -1,4 +1,5 @@
-"""`keyshift stack`: start, check and stop the local Kafka, Redis and Airflow; fetch the jars."""
+"""`keyshift stack`: start, check and stop the local Kafka, Redis and Airflow (and, with `--cluster`, a
+Spark standalone cluster); fetch the jars."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from keyshift import stack
 from keyshift.settings import Settings
 from keyshift.stack.service import ServiceStatus
 
-_ONLY_HELP = f"Comma-separated services to act on, from: {', '.join(stack.SERVICES)}."
+_ONLY_HELP = f"Comma-separated services to act on, from: {', '.join(stack.START_ORDER)}."
 
 
 @click.group(name="stack")
 def command() -> None:
-    """Start, check and stop the local stack (Kafka, Redis, Airflow) under the state dir."""
+    """Start, check and stop the local stack (Kafka, Redis, Airflow; a Spark cluster with --cluster) under the state dir."""
     # kafka-python logs every connection at INFO; health probes would drown the useful lines.
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
@@ -40,13 +41,15 @@ def _print_status(statuses: list[ServiceStatus]) -> None:
     metavar="SECONDS",
     help="Seconds each service may take to become healthy, counted from its start.",
 )
-def up(only: str | None, timeout_s: float) -> None:
+@click.option("--cluster", is_flag=True, help="Also start a Spark standalone cluster (a master and "
+              "KEYSHIFT_SPARK_WORKERS workers on loopback); jobs use it with KEYSHIFT_SPARK_MASTER=spark://127.0.0.1:7077.")
+def up(only: str | None, timeout_s: float, cluster: bool) -> None:
     """Start what is down and wait until every service is healthy (reuses running ones)."""
     settings = Settings()
-    took = stack.up(settings, only or None, timeout_s=timeout_s)
+    took = stack.up(settings, only or None, timeout_s=timeout_s, cluster=cluster)
     for name, seconds in took.items():
         click.echo(f"{name} healthy after {seconds:.1f} s")
-    _print_status(stack.status(settings, only or None))
+    _print_status(stack.status(settings, only or ",".join(took)))
     if "airflow" in took:
         from keyshift.stack import airflow
 

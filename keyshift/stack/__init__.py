@@ -28,6 +28,11 @@ log = logging.getLogger("keyshift.stack")
 
 SERVICES = ("redis", "kafka", "airflow")
 """The services `keyshift stack up` starts, in start order (Airflow, the slowest, last)."""
+CLUSTER_SERVICES = ("spark",)
+"""Services started only when asked for (`keyshift stack up --cluster`, or `--only spark`): a
+Spark standalone master and workers (`keyshift.stack.spark_cluster`)."""
+START_ORDER = ("redis", "kafka", "spark", "airflow")
+"""Every service in start order."""
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds `up` waits for each service to become healthy, counted from its start."""
 
@@ -38,35 +43,37 @@ def service_module(name: str) -> ModuleType:
     Raises:
         ConfigurationError: for a name not in SERVICES.
     """
-    from keyshift.stack import airflow, kafka, redis
+    from keyshift.stack import airflow, kafka, redis, spark_cluster
 
-    modules = {"kafka": kafka, "redis": redis, "airflow": airflow}
+    modules = {"kafka": kafka, "redis": redis, "airflow": airflow, "spark": spark_cluster}
     if name not in modules:
-        raise ConfigurationError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")
+        raise ConfigurationError(f"unknown service {name!r}; choose from {', '.join(START_ORDER)}")
     return modules[name]
 
 
-def select(only: Iterable[str] | str | None) -> tuple[str, ...]:
-    """The services to act on, in start order: all for None or '', else those named.
+def select(only: Iterable[str] | str | None, *, cluster: bool = False) -> tuple[str, ...]:
+    """The services to act on, in start order (`START_ORDER`): `SERVICES` for None or '' (and
+    `CLUSTER_SERVICES` with `cluster`), else those named.
 
     Args:
         only: service names, as an iterable or a comma-separated string (`"kafka,redis"`).
+        cluster: add the cluster services to the default set.
 
     Raises:
         ConfigurationError: when a name is not a service.
     """
+    default = SERVICES + (CLUSTER_SERVICES if cluster else ())
     if only is None:
-        return SERVICES
-    names = [n.strip() for n in (only.split(",") if isinstance(only, str) else only)]
-    names = [n for n in names if n]
-    if not names:
-        return SERVICES
-    unknown = sorted(set(names) - set(SERVICES))
+        names = list(default)
+    else:
+        names = [n.strip() for n in (only.split(",") if isinstance(only, str) else only)]
+        names = [n for n in names if n] or list(default)
+    unknown = sorted(set(names) - set(START_ORDER))
     if unknown:
         raise ConfigurationError(
-            f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+            f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(START_ORDER)}"
         )
-    return tuple(n for n in SERVICES if n in names)
+    return tuple(n for n in START_ORDER if n in names)
 
 
 def _wait_healthy(name: str, settings: Settings, started: float, timeout_s: float) -> float:
@@ -107,6 +114,7 @@ def up(
     only: Iterable[str] | str | None = None,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    cluster: bool = False,
 ) -> dict[str, float]:
     """Start the services that are down and wait until every selected one is healthy.
 
@@ -118,6 +126,7 @@ def up(
         settings: the stack's settings.
         only: services to act on (see `select`); None for all.
         timeout_s: seconds each service may take to become healthy, counted from its start.
+        cluster: also start the cluster services (`CLUSTER_SERVICES`) when `only` is None.
 
     Returns:
         Per service, the seconds from its start call until it answered healthy.
@@ -127,7 +136,7 @@ def up(
             log file.
         ConfigurationError: for an unknown service name.
     """
-    names = select(only)
+    names = select(only, cluster=cluster)
     took: dict[str, float] = {}
     waits: dict[str, Future[float]] = {}
     with _stack_lock(settings), ThreadPoolExecutor(max_workers=len(names)) as pool:
@@ -148,7 +157,8 @@ def up(
 
 
 def down(settings: Settings, only: Iterable[str] | str | None = None) -> list[str]:
-    """Stop the services keyshift started (by pid file), in reverse start order.
+    """Stop the services keyshift started (by pid file), in reverse start order; with `only`
+    None, the cluster services too.
 
     Returns:
         The names of the services that had something running and were stopped.
@@ -158,7 +168,7 @@ def down(settings: Settings, only: Iterable[str] | str | None = None) -> list[st
     """
     stopped = []
     with _stack_lock(settings):
-        for name in reversed(select(only)):
+        for name in reversed(select(only, cluster=only is None)):
             if service_module(name).stop(settings):
                 stopped.append(name)
     return stopped
@@ -187,6 +197,12 @@ def require(settings: Settings, *names: str) -> None:
             from keyshift.stack.redis import check_server
 
             check_server(settings)
+        elif name == "spark":
+            from keyshift.stack import spark_cluster
+
+            if not spark_cluster.is_healthy(settings):
+                raise StackError(f"no Spark master with {settings.spark_workers} worker(s) answers at "
+                                 f"{spark_cluster.master_url(settings)}; start it with `keyshift stack up --cluster`")
         else:
             from keyshift.stack import airflow
 
@@ -197,5 +213,9 @@ def require(settings: Settings, *names: str) -> None:
 
 
 def status(settings: Settings, only: Iterable[str] | str | None = None) -> list[ServiceStatus]:
-    """The state, address and processes of each selected service, in start order."""
-    return [service_module(name).status(settings) for name in select(only)]
+    """The state, address and processes of each selected service, in start order; with `only`
+    None, the cluster services when any of their processes has a pid file."""
+    from keyshift.stack import process, spark_cluster
+
+    running_cluster = only is None and process.read_record(settings.home, spark_cluster.MASTER) is not None
+    return [service_module(name).status(settings) for name in select(only, cluster=running_cluster)]

@@ -18,10 +18,33 @@ from keyshift.errors import ConfigurationError
         ("airflow,kafka", ("kafka", "airflow")),  # start order, not the order given
         (" redis , ", ("redis",)),  # blanks and trailing commas are ignored
         (["kafka"], ("kafka",)),  # an iterable works too
+        ("airflow,spark,redis", ("redis", "spark", "airflow")),  # the cluster, when named, starts before Airflow
     ],
 )
 def test_select(only, expected):
     assert stack.select(only) == expected
+
+
+def test_the_spark_cluster_is_started_only_when_asked_for():
+    assert "spark" not in stack.select(None)
+    assert stack.select(None, cluster=True) == ("redis", "kafka", "spark", "airflow")
+    assert stack.select("kafka", cluster=True) == ("kafka",)  # --only wins
+
+
+def test_the_cluster_processes_take_the_settings(tmp_path):
+    from keyshift.settings import Settings
+    from keyshift.stack import spark_cluster
+
+    settings = Settings(home=tmp_path, spark_master_port=17077, spark_master_ui_port=18091, spark_workers=3,
+                        spark_worker_cores=2, spark_worker_memory="1g")
+    master = spark_cluster.master_argv(settings)
+    assert master[1:] == [spark_cluster.MASTER_CLASS, "--host", "127.0.0.1", "--port", "17077", "--webui-port", "18091"]
+    worker = spark_cluster.worker_argv(settings, 2)
+    assert worker[1:4] == [spark_cluster.WORKER_CLASS, "spark://127.0.0.1:17077", "--host"]
+    assert worker[worker.index("--cores") + 1] == "2" and worker[worker.index("--memory") + 1] == "1g"
+    assert worker[worker.index("--webui-port") + 1] == "18094"  # the master's UI port + 1 + index
+    assert worker[worker.index("--work-dir") + 1] == str(tmp_path / "spark" / "worker-2")
+    assert not spark_cluster.is_healthy(settings)  # nothing answers there
 
 
 def test_select_rejects_unknown_services():
@@ -33,7 +56,7 @@ def test_select_rejects_unknown_services():
     ("args", "shown"),
     [
         (["--help"], ["up", "down", "status", "fetch"]),
-        (["up", "--help"], ["--only", "--timeout", "default: 300", "default: (all)"]),
+        (["up", "--help"], ["--only", "--timeout", "default: 300", "default: (all)", "--cluster"]),
         (["down", "--help"], ["--only", "default: (all)", "keyshift started"]),
         (["status", "--help"], ["--only"]),
         (["fetch", "--help"], ["Kafka", "Spark"]),
