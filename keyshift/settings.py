@@ -63,6 +63,9 @@ class Settings(BaseSettings):
             workers' UIs take the ports after it).
         spark_workers: workers of the standalone cluster. spark_worker_cores: cores each offers.
         spark_worker_memory: memory each offers to executors (`4g`).
+        spark_executor_python: the interpreter a cluster's workers have, when not at the path of
+            this venv's base interpreter: the packed executor environment links to it
+            (`keyshift.stack.executor_env`); None: the base interpreter's path.
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
@@ -93,6 +96,7 @@ class Settings(BaseSettings):
     spark_workers: int = Field(default=2, ge=1)
     spark_worker_cores: int = Field(default=1, ge=1)
     spark_worker_memory: str = "4g"
+    spark_executor_python: str | None = None
     partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")

@@ -30,9 +30,9 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from keyshift.cli import balance, bench, data, dq, job, replay, run, stack, switch, topics
+    from keyshift.cli import balance, bench, data, dq, job, package, replay, run, stack, switch, topics
 
-    for module in (stack, data, topics, replay, job, run, bench, balance, dq, switch):
+    for module in (stack, package, data, topics, replay, job, run, bench, balance, dq, switch):
         cli.add_command(module.command)
 
 

@@ -82,8 +82,10 @@ def spark_conf(
 
 def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str], "DriverArchive | None"]:
     """`spark_conf` for a keyshift job whose driver JVM this process starts: the Kafka connector
-    jars, `settings.spark_driver_memory`, and the driver's class archive
-    (`keyshift.runtime.class_archive`) unless `settings.spark_class_archive` is off.
+    jars, `settings.spark_driver_memory`, the driver's class archive
+    (`keyshift.runtime.class_archive`) unless `settings.spark_class_archive` is off, and on a
+    cluster master (not `local[...]`) the executors' packed environment and keyshift's code
+    (`keyshift.stack.executor_env`, built on first use).
 
     Args:
         settings: the stack's settings (cache, driver memory, `spark_class_archive`).
@@ -96,11 +98,15 @@ def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str],
         StackError: the connector jars cannot be fetched (`keyshift.stack.spark.connector_jars`).
     """
     from keyshift.runtime.class_archive import driver_archive
-    from keyshift.stack.spark import connector_jars
+    from keyshift.stack.spark import connector_jars, is_local_master
 
     jars = connector_jars(settings)
     archive = driver_archive(settings.cache, jars) if settings.spark_class_archive else None
-    extra = {"spark.driver.extraJavaOptions": archive.java_options} if archive else None
+    extra = {"spark.driver.extraJavaOptions": archive.java_options} if archive else {}
+    if not is_local_master(settings.spark_master):
+        from keyshift.stack import executor_env
+
+        extra.update(executor_env.build(settings, settings.spark_executor_python).spark_conf())
     return spark_conf(partitions, jars=jars, driver_memory=settings.spark_driver_memory, extra=extra), archive
 
 
@@ -109,7 +115,9 @@ def build_spark_session(
 ) -> SparkSession:
     """Create (or reuse) the SparkSession with `conf`.
 
-    Python workers run this interpreter unless `PYSPARK_PYTHON` says otherwise. When a session
+    Python workers run this interpreter unless `PYSPARK_PYTHON` says otherwise, or `conf` has
+    `spark.pyspark.python` (a cluster's packed environment, `keyshift.stack.executor_env`), which
+    wins as under spark-submit. When a session
     already exists (e.g. under spark-submit), settings that need a new JVM, such as `spark.jars`,
     must already be in place; they are logged when they differ.
 
@@ -128,6 +136,8 @@ def build_spark_session(
     Raises:
         StackError: the driver JVM exited while starting (with `output`; its words are in that file).
     """
+    if conf.get("spark.pyspark.python"):  # as spark-submit does: the setting names the executors' interpreter
+        os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):  # nothing outside this host needs a local driver: its ports and UI on loopback
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

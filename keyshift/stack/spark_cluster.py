@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import requests
@@ -69,7 +70,12 @@ def spark_home() -> Path:
 
 
 def _environment(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
+    """The workers' environment: this one without keyshift's venv (no `VIRTUAL_ENV`, its `bin/`
+    off `PATH`, no `PYTHONPATH` or `PYSPARK_PYTHON`), so executors find only what the driver
+    ships them, as on a cluster whose workers have a bare interpreter."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d and d != venv_bin)
     env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": settings.spark_cluster_host,
                 "SPARK_NO_DAEMONIZE": "1", "SPARK_LOG_DIR": str(process.log_dir(settings.home))})
     return env
