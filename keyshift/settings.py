@@ -39,7 +39,11 @@ class Settings(BaseSettings):
         home: state directory for services (pid files, logs, Kafka and Redis data, Airflow home).
         cache_dir: downloaded inputs (the flights data set, jars); reused across runs.
         runs_dir: one folder per job run: `runs/<run_id>/summary.json`, `windows/`, `progress.jsonl`.
-        kafka_host, kafka_port, kafka_controller_port: the broker's loopback listeners.
+        kafka_host, kafka_port, kafka_controller_port: the broker's loopback listeners (of node 1;
+            node i of a cluster listens 10 * (i - 1) ports higher, `kafka_nodes`).
+        kafka_brokers: Kafka nodes of the local stack, each a broker and a KRaft controller; 1
+            (the default) or 3 for a production-like cluster: topics get replication factor
+            min(3, brokers) and `min.insync.replicas` min(2, brokers) (`kafka_replication`).
         kafka_sasl_username, kafka_sasl_password: when both are set, the broker takes only
             SASL/PLAIN logins (listener SASL_PLAINTEXT) and every keyshift client logs in with
             them; None (the default) leaves the broker on PLAINTEXT.
@@ -79,6 +83,7 @@ class Settings(BaseSettings):
     kafka_host: str = "127.0.0.1"
     kafka_port: int = int(stack_value("KEYSHIFT_KAFKA_PORT"))
     kafka_controller_port: int = int(stack_value("KEYSHIFT_KAFKA_CONTROLLER_PORT"))
+    kafka_brokers: int = Field(default=1, ge=1, le=9)
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     redis_host: str = "127.0.0.1"
@@ -114,9 +119,23 @@ class Settings(BaseSettings):
         return self.cache_dir or self.home / "cache"
 
     @property
+    def kafka_nodes(self) -> list[tuple[int, int, int]]:
+        """The local Kafka nodes as (node id, client port, controller port): node 1 on
+        `kafka_port`/`kafka_controller_port`, node i 10 * (i - 1) ports higher."""
+        return [(i, self.kafka_port + 10 * (i - 1), self.kafka_controller_port + 10 * (i - 1))
+                for i in range(1, self.kafka_brokers + 1)]
+
+    @property
+    def kafka_replication(self) -> tuple[int, int]:
+        """(replication factor, `min.insync.replicas`) of keyshift's topics: (min(3, brokers),
+        min(2, brokers)), Kafka's production advice on three brokers and (1, 1) on one."""
+        return min(3, self.kafka_brokers), min(2, self.kafka_brokers)
+
+    @property
     def bootstrap_servers(self) -> str:
-        """Kafka bootstrap servers, `host:port`."""
-        return f"{self.kafka_host}:{self.kafka_port}"
+        """Kafka bootstrap servers, `host:port[,host:port...]`: every local node, so a client
+        starts while one of them is down."""
+        return ",".join(f"{self.kafka_host}:{client}" for _, client, _ in self.kafka_nodes)
 
     @property
     def redis_url(self) -> str:

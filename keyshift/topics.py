@@ -150,7 +150,7 @@ def create_topics(
     settings: Settings,
     names: Iterable[str],
     partitions: int,
-    replication: int = 1,
+    replication: int | None = None,
     recreate: bool = False,
     timeout_s: float = 30.0,
 ) -> dict[str, str]:
@@ -166,7 +166,8 @@ def create_topics(
         settings: where the broker is (`settings.bootstrap_servers`).
         names: topic names (e.g. `keyshift.names.FLIGHT_TOPICS`).
         partitions: P >= 1, partitions per topic (the number of slots).
-        replication: replicas per partition, >= 1 (1 on the single-node stack).
+        replication: replicas per partition, >= 1; None: the stack's (`Settings.kafka_replication`:
+            1 on one broker, 3 on three; `min.insync.replicas` is the brokers' default).
         recreate: delete and create again topics that already exist.
         timeout_s: seconds to wait for deletion and for leaders, each.
 
@@ -179,6 +180,8 @@ def create_topics(
         StackError: the broker is unreachable, refuses a request, or a wait times out.
     """
     names = check_topic_names(names)
+    if replication is None:
+        replication = settings.kafka_replication[0]
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ConfigurationError(f"partitions must be an int >= 1, got {partitions!r}")
     if isinstance(replication, bool) or not isinstance(replication, int) or replication < 1:

@@ -55,7 +55,8 @@ split keys (a key above 1/P of the events on two slots or more, its records plac
     default="hash",
     help="Placement strategy the topics will be written with; checked against P; a learned one is learned and published.",
 )
-@click.option("--replication", type=click.IntRange(min=1), default=1, help="Replicas per partition.")
+@click.option("--replication", type=click.IntRange(min=1), default=None, show_default="the stack's: min(3, KEYSHIFT_KAFKA_BROKERS)",
+              help="Replicas per partition.")
 @click.option("--recreate", is_flag=True, help="Delete existing topics and create them again (their records are lost).")
 @click.option(
     "--input-topic",
@@ -80,7 +81,7 @@ def create(
     names: tuple[str, ...],
     partitions: int | None,
     strategy: str,
-    replication: int,
+    replication: int | None,
     recreate: bool,
     input_topic: str | None,
     learn_fraction: float,

@@ -211,7 +211,7 @@ def provision(settings: Settings, partitions: int, topics: tuple[str, ...] | Non
     if partitions < 1:
         raise ConfigurationError(f"partitions must be >= 1; got {partitions}")
     topics = tuple(topics) if topics else job_topics(job)
-    create_topics(settings, list(topics), partitions=partitions, replication=1, recreate=False)
+    create_topics(settings, list(topics), partitions=partitions, recreate=False)  # the stack's replication
     counts = {topic: len(end_offsets(settings, topic)) for topic in topics}
     log.info("Topics on %s: %s", settings.bootstrap_servers, counts)
     input_count = counts[topics[0]]

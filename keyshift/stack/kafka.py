@@ -1,4 +1,5 @@
-"""A single-node Apache Kafka broker (KRaft, broker and controller in one JVM) on loopback.
+"""Apache Kafka on loopback: one node (the default) or a cluster of `kafka_brokers` nodes, each a
+broker and a KRaft controller in one JVM.
 
 The broker's jars come from Maven Central through `infra/kafka/pom.xml` into the cache
 (`<cache>/kafka-4.3.0/`, fetched once). Its files live under `<home>/kafka/`: `server.properties`
@@ -8,6 +9,13 @@ logging to `<home>/logs/kafka.log`. Health is a real metadata request made with 
 
 Changing `kafka_controller_port` after the first start means deleting `<home>/kafka/data` (the
 controller's address is recorded when the storage is formatted).
+
+A cluster (`KEYSHIFT_KAFKA_BROKERS=3`) keeps its nodes apart from the single node's files: node i
+in `<home>/kafka-cluster/node-<i>/`, process `kafka-<i>`, listening 10 * (i - 1) ports above the
+single node's (`Settings.kafka_nodes`), with a static quorum of all nodes
+(`controller.quorum.voters`), every node formatted with one cluster id, and replication factor
+min(3, nodes) and `min.insync.replicas` min(2, nodes) for the internal topics and as the brokers'
+defaults (`Settings.kafka_replication`), Kafka's production settings for three brokers.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ KAFKA_VERSION = "4.3.0"
 NAME = "kafka"
 """The process name of the broker (pid file `run/kafka.pid`, log `logs/kafka.log`)."""
 NODE_ID = 1
-"""The single node's id, as broker and as controller."""
+"""The single node's id, as broker and as controller (node 1 of a cluster)."""
 POM = PROJECT_ROOT / "infra" / "kafka" / "pom.xml"
 """The Maven project that names the broker's runtime jars."""
 LOG4J2_CONFIG = PROJECT_ROOT / "infra" / "kafka" / "log4j2.properties"
@@ -57,19 +65,29 @@ def jars_dir(settings: Settings) -> Path:
     return settings.cache / f"kafka-{KAFKA_VERSION}"
 
 
-def kafka_dir(settings: Settings) -> Path:
-    """The broker's folder in the state directory: `<home>/kafka`."""
-    return settings.home / "kafka"
+def is_cluster(settings: Settings) -> bool:
+    """True for a cluster of Kafka nodes (`kafka_brokers` > 1)."""
+    return settings.kafka_brokers > 1
 
 
-def data_dir(settings: Settings) -> Path:
-    """The broker's log directory (`log.dirs`): `<home>/kafka/data`."""
-    return kafka_dir(settings) / "data"
+def process_name(settings: Settings, node: int = NODE_ID) -> str:
+    """The process name of node `node`: `kafka` for the single node, `kafka-<node>` in a cluster."""
+    return f"{NAME}-{node}" if is_cluster(settings) else NAME
 
 
-def config_file(settings: Settings) -> Path:
-    """The rendered broker configuration: `<home>/kafka/server.properties`."""
-    return kafka_dir(settings) / "server.properties"
+def kafka_dir(settings: Settings, node: int = NODE_ID) -> Path:
+    """Node `node`'s folder in the state directory: `<home>/kafka`, or `<home>/kafka-cluster/node-<node>`."""
+    return settings.home / "kafka-cluster" / f"node-{node}" if is_cluster(settings) else settings.home / "kafka"
+
+
+def data_dir(settings: Settings, node: int = NODE_ID) -> Path:
+    """Node `node`'s log directory (`log.dirs`): `<its folder>/data`."""
+    return kafka_dir(settings, node) / "data"
+
+
+def config_file(settings: Settings, node: int = NODE_ID) -> Path:
+    """Node `node`'s rendered configuration: `<its folder>/server.properties`."""
+    return kafka_dir(settings, node) / "server.properties"
 
 
 def fetch(settings: Settings) -> list[Path]:
@@ -81,15 +99,17 @@ def fetch(settings: Settings) -> list[Path]:
     return maven.copy_dependencies(POM, jars_dir(settings))
 
 
-def render_server_properties(settings: Settings) -> str:
-    """The broker's `server.properties` for the settings: a combined broker and controller.
+def render_server_properties(settings: Settings, node: int = NODE_ID) -> str:
+    """Node `node`'s `server.properties` for the settings: a combined broker and controller.
 
     The client listener on `kafka_host:kafka_port` (PLAINTEXT, or SASL_PLAINTEXT with the PLAIN
     mechanism when `settings.kafka_sasl`), CONTROLLER on `kafka_host:kafka_controller_port`
     (PLAINTEXT, or SASL_PLAINTEXT/PLAIN too), a dynamic quorum of this one node
     (`controller.quorum.bootstrap.servers`, so the storage is formatted with `--standalone`),
     replication factor and min ISR 1 for every internal topic, no initial rebalance delay, topics
-    created explicitly only (no auto-creation), data under `<home>/kafka/data`.
+    created explicitly only (no auto-creation), data under `<home>/kafka/data`. In a cluster
+    (module docstring): node `node`'s ports, a static quorum of every node
+    (`controller.quorum.voters`), and the replication of `Settings.kafka_replication`.
 
     With SASL, each listener's `listener.name.<listener>.plain.sasl.jaas.config` holds the one
     user (`user_<name>="<password>"`, what the broker accepts) and the same login for the broker's
@@ -100,14 +120,19 @@ def render_server_properties(settings: Settings) -> str:
         ConfigurationError: for half-set SASL credentials or a value JAAS cannot quote.
     """
     host = settings.kafka_host
-    plain = f"{host}:{settings.kafka_port}"
-    controller = f"{host}:{settings.kafka_controller_port}"
+    ports = {i: (client_port, controller_port) for i, client_port, controller_port in settings.kafka_nodes}
+    if node not in ports:
+        raise ConfigurationError(f"Kafka node {node} is not one of the {settings.kafka_brokers} node(s)")
+    plain = f"{host}:{ports[node][0]}"
+    controller = f"{host}:{ports[node][1]}"
+    replication, min_isr = settings.kafka_replication
     credentials = kafka_clients.sasl_credentials(settings)
     client = kafka_clients.SECURITY_PROTOCOL if credentials else "PLAINTEXT"  # listener name = protocol
     entries = {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.bootstrap.servers": controller,
+        "node.id": str(node),
+        **({"controller.quorum.voters": ",".join(f"{i}@{host}:{c}" for i, (_, c) in ports.items())} if is_cluster(settings)
+           else {"controller.quorum.bootstrap.servers": controller}),
         "listeners": f"{client}://{plain},CONTROLLER://{controller}",
         "advertised.listeners": f"{client}://{plain}",
         "inter.broker.listener.name": client,
@@ -135,20 +160,23 @@ def render_server_properties(settings: Settings) -> str:
             "listener.name.controller.plain.sasl.jaas.config": jaas,
         }
     entries |= {
-        "log.dirs": str(data_dir(settings)),
+        "log.dirs": str(data_dir(settings, node)),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "default.replication.factor": str(replication),
+        "min.insync.replicas": str(min_isr),
+        "offsets.topic.replication.factor": str(replication),
+        "transaction.state.log.replication.factor": str(replication),
+        "transaction.state.log.min.isr": str(min_isr),
+        "share.coordinator.state.topic.replication.factor": str(replication),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
         "group.initial.rebalance.delay.ms": "0",
         "log.retention.hours": "168",
     }
     lines = [
         "# Rendered by keyshift (keyshift/stack/kafka.py) on every `keyshift stack up`;",
-        "# edits here are overwritten. Single node: broker and controller in one process.",
+        "# edits here are overwritten. " + (f"Node {node} of {settings.kafka_brokers}" if is_cluster(settings) else "Single node")
+        + ": broker and controller in one process.",
     ]
     lines += [f"{key}={value}" for key, value in entries.items()]
     return "\n".join(lines) + "\n"
@@ -188,30 +216,34 @@ def _classpath(settings: Settings) -> str:
     return str(jars_dir(settings) / "*")  # the JVM expands the wildcard itself
 
 
-def is_formatted(settings: Settings) -> bool:
-    """True when the broker's log directory has been formatted (it holds `meta.properties`)."""
-    return (data_dir(settings) / "meta.properties").is_file()
+def is_formatted(settings: Settings, node: int = NODE_ID) -> bool:
+    """True when node `node`'s log directory has been formatted (it holds `meta.properties`)."""
+    return (data_dir(settings, node) / "meta.properties").is_file()
 
 
-def format_storage(settings: Settings) -> str:
-    """Format the broker's storage once with a new cluster id; return that id.
+def format_storage(settings: Settings, node: int = NODE_ID, cluster_id: str | None = None) -> str:
+    """Format node `node`'s storage once; return its cluster id.
 
-    Runs `kafka.tools.StorageTool format -t ID -c server.properties --standalone`. Does nothing
-    (and returns the existing cluster id) when the storage is already formatted.
+    Runs `kafka.tools.StorageTool format -t ID -c server.properties`, with `--standalone` for
+    the single node (a dynamic quorum of one), without for a cluster's static quorum. Does
+    nothing (and returns the existing cluster id) when the storage is already formatted.
+
+    Args:
+        cluster_id: the id to format with (every node of a cluster shares one); None: a new one.
 
     Raises:
         StackError: when the storage tool fails (its output is in the message).
     """
-    if is_formatted(settings):
-        return _existing_cluster_id(settings)
-    cluster_id = new_cluster_id()
+    if is_formatted(settings, node):
+        return _existing_cluster_id(settings, node)
+    cluster_id = cluster_id or new_cluster_id()
     argv = [
         java_executable(), "-Xmx256m",
         f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
         "-cp", _classpath(settings), "kafka.tools.StorageTool",
-        "format", "-t", cluster_id, "-c", str(config_file(settings)), "--standalone",
-    ]  # fmt: skip
-    log.info("formatting Kafka storage in %s (cluster id %s)", data_dir(settings), cluster_id)
+        "format", "-t", cluster_id, "-c", str(config_file(settings, node)),
+    ] + ([] if is_cluster(settings) else ["--standalone"])  # fmt: skip
+    log.info("formatting Kafka storage in %s (cluster id %s)", data_dir(settings, node), cluster_id)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         output = (result.stdout + result.stderr).strip()[-3000:]
@@ -219,8 +251,8 @@ def format_storage(settings: Settings) -> str:
     return cluster_id
 
 
-def _existing_cluster_id(settings: Settings) -> str:
-    for line in (data_dir(settings) / "meta.properties").read_text().splitlines():
+def _existing_cluster_id(settings: Settings, node: int = NODE_ID) -> str:
+    for line in (data_dir(settings, node) / "meta.properties").read_text().splitlines():
         if line.startswith("cluster.id="):
             return line.split("=", 1)[1].strip()
     return ""
@@ -294,7 +326,7 @@ def probe(settings: Settings, *, timeout_s: float = 5.0) -> KafkaHealth:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    if not process.port_open(settings.kafka_host, settings.kafka_port):
+    if not any(process.port_open(settings.kafka_host, client) for _, client, _ in settings.kafka_nodes):
         raise StackError(f"nothing listens on {settings.bootstrap_servers}")
     timeout_ms = int(timeout_s * 1000)
     try:
@@ -325,13 +357,17 @@ def probe(settings: Settings, *, timeout_s: float = 5.0) -> KafkaHealth:
 
 
 def is_healthy(settings: Settings, *, timeout_s: float = 5.0) -> bool:
-    """True when the broker answers a metadata request within `timeout_s` seconds."""
+    """True when the cluster answers a metadata request within `timeout_s` seconds with all
+    `kafka_brokers` brokers in it."""
     try:
-        probe(settings, timeout_s=timeout_s)
-        return True
+        health = probe(settings, timeout_s=timeout_s)
     except StackError as exc:
         log.debug("kafka not healthy: %s", exc)
         return False
+    if len(health.broker_ids) < settings.kafka_brokers:
+        log.debug("kafka not healthy: brokers %s of %d", health.broker_ids, settings.kafka_brokers)
+        return False
+    return True
 
 
 def start(settings: Settings) -> bool:
@@ -351,39 +387,50 @@ def start(settings: Settings) -> bool:
         ConfigurationError: for bad SASL settings.
     """
     home = settings.home
-    if process.is_running(home, NAME):
-        process.check_config_unchanged(home, NAME, config_file(settings), render_server_properties(settings))
-        log.info("kafka already running (pid %d)", process.read_record(home, NAME).pid)
+    nodes = [node for node, _, _ in settings.kafka_nodes]
+    running = [node for node in nodes if process.is_running(home, process_name(settings, node))]
+    for node in running:
+        name = process_name(settings, node)
+        process.check_config_unchanged(home, name, config_file(settings, node), render_server_properties(settings, node))
+        log.info("%s already running (pid %d)", name, process.read_record(home, name).pid)
+    if len(running) == len(nodes):
         return False
-    for port in (settings.kafka_port, settings.kafka_controller_port):
-        if process.port_open(settings.kafka_host, port):
-            owner = process.port_owner(port)
-            who = owner.describe() if owner else "owner unknown"
-            if port == settings.kafka_port and is_healthy(settings):
-                log.info("a Kafka broker already answers on %s (%s); reusing it",
-                         settings.bootstrap_servers, who)
-                return False
-            login = (
-                " (if it is a Kafka broker, its SASL/PLAIN login must match KEYSHIFT_KAFKA_SASL_USERNAME "
-                "and KEYSHIFT_KAFKA_SASL_PASSWORD, set or unset alike)"
-                if port == settings.kafka_port
-                else ""
-            )
-            raise StackError(
-                f"port {settings.kafka_host}:{port} is in use by another process ({who}){login}; stop "
-                "it, or choose other ports with KEYSHIFT_KAFKA_PORT / KEYSHIFT_KAFKA_CONTROLLER_PORT"
-            )
+    for node, client_port, controller_port in settings.kafka_nodes:
+        if node in running:
+            continue
+        for port in (client_port, controller_port):
+            if process.port_open(settings.kafka_host, port):
+                owner = process.port_owner(port)
+                who = owner.describe() if owner else "owner unknown"
+                if not running and port == settings.kafka_port and is_healthy(settings):
+                    log.info("a Kafka broker already answers on %s (%s); reusing it",
+                             settings.bootstrap_servers, who)
+                    return False
+                login = (
+                    " (if it is a Kafka broker, its SASL/PLAIN login must match KEYSHIFT_KAFKA_SASL_USERNAME "
+                    "and KEYSHIFT_KAFKA_SASL_PASSWORD, set or unset alike)"
+                    if port == client_port
+                    else ""
+                )
+                raise StackError(
+                    f"port {settings.kafka_host}:{port} is in use by another process ({who}){login}; stop "
+                    "it, or choose other ports with KEYSHIFT_KAFKA_PORT / KEYSHIFT_KAFKA_CONTROLLER_PORT"
+                )
     fetch(settings)
     java = java_executable()
-    kafka_dir(settings).mkdir(parents=True, exist_ok=True)
-    write_private(config_file(settings), render_server_properties(settings))
-    format_storage(settings)
-    argv = [
-        java, "-Xms256m", f"-Xmx{HEAP}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-        "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
-        "-cp", _classpath(settings), "kafka.Kafka", str(config_file(settings)),
-    ]  # fmt: skip
-    process.start(home, NAME, argv, cwd=kafka_dir(settings))
+    cluster_id = next((_existing_cluster_id(settings, n) for n in nodes if is_formatted(settings, n)), None) or new_cluster_id()
+    for node in nodes:
+        if node in running:
+            continue
+        kafka_dir(settings, node).mkdir(parents=True, exist_ok=True)
+        write_private(config_file(settings, node), render_server_properties(settings, node))
+        format_storage(settings, node, cluster_id)
+        argv = [
+            java, "-Xms256m", f"-Xmx{HEAP}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+            "-cp", _classpath(settings), "kafka.Kafka", str(config_file(settings, node)),
+        ]  # fmt: skip
+        process.start(home, process_name(settings, node), argv, cwd=kafka_dir(settings, node))
     return True
 
 
@@ -394,35 +441,46 @@ def wait_healthy(settings: Settings, *, timeout_s: float) -> float:
         StackError: after `timeout_s` seconds, or as soon as the broker process exits; the
             message names `<home>/logs/kafka.log`.
     """
-    ours = process.read_record(settings.home, NAME) is not None
+    first = process_name(settings)
+    ours = process.read_record(settings.home, first) is not None
+    names = [process_name(settings, node) for node, _, _ in settings.kafka_nodes]
     return process.wait_until(
         lambda: is_healthy(settings, timeout_s=3.0),
         timeout_s=timeout_s,
-        what=f"kafka on {settings.bootstrap_servers}",
-        log_path=process.log_file(settings.home, NAME),
-        alive=(lambda: process.is_running(settings.home, NAME)) if ours else None,
+        what=f"kafka on {settings.bootstrap_servers}" + (f" ({settings.kafka_brokers} brokers)" if is_cluster(settings) else ""),
+        log_path=process.log_file(settings.home, first),
+        alive=(lambda: all(process.is_running(settings.home, name) for name in names)) if ours else None,
     )
 
 
 def stop(settings: Settings) -> bool:
-    """Stop the broker if keyshift started it (a controlled shutdown; SIGKILL after 60 s).
+    """Stop the broker(s) keyshift started (a controlled shutdown; SIGKILL after 60 s), the
+    single node's and a cluster's alike.
 
     Returns:
         True when a running broker was stopped.
     """
-    return process.stop(settings.home, NAME, timeout_s=60.0)
+    run = process.run_dir(settings.home)
+    names = sorted({NAME} | {p.stem for p in run.glob(f"{NAME}-*.pid")} if run.exists() else {NAME}, reverse=True)
+    return any([process.stop(settings.home, name, timeout_s=60.0) for name in names])
 
 
 def status(settings: Settings) -> ServiceStatus:
     """The broker's state, address and process, with its cluster id when it answers."""
-    record = process.running_record(settings.home, NAME)
-    proc = ProcessState(NAME, record.pid if record else None,
-                        str(process.log_file(settings.home, NAME)))
+    names = [process_name(settings, node) for node, _, _ in settings.kafka_nodes]
+    records = [process.running_record(settings.home, name) for name in names]
+    procs = tuple(ProcessState(name, record.pid if record else None, str(process.log_file(settings.home, name)))
+                  for name, record in zip(names, records))
+    record = records[0]
     address = settings.bootstrap_servers
     try:
         health = probe(settings, timeout_s=3.0)
         detail = f"cluster {health.cluster_id}, {len(health.topics)} topics"
+        if is_cluster(settings):
+            detail += f", brokers {list(health.broker_ids)} of {settings.kafka_brokers}"
         state = HEALTHY if record else EXTERNAL
+        if state == HEALTHY and not all(records):
+            state = UNHEALTHY
         if state == EXTERNAL:
             owner = process.port_owner(settings.kafka_port)
             detail += f" ({owner.describe() if owner else 'not started by this keyshift'})"
@@ -436,5 +494,5 @@ def status(settings: Settings) -> ServiceStatus:
             state = BLOCKED
         else:
             state, detail = STOPPED, ""
-    return ServiceStatus(NAME, state, address, (proc,), detail)
+    return ServiceStatus(NAME, state, address, procs, detail)
 

@@ -52,6 +52,26 @@ def test_internal_topics_fit_one_broker(settings, key):
     assert _properties(kafka.render_server_properties(settings))[key] == "1"
 
 
+def test_a_three_node_cluster_has_a_static_quorum_and_production_replication(tmp_path):
+    settings = Settings(home=tmp_path / "state", kafka_port=19092, kafka_controller_port=19093, kafka_brokers=3)
+    assert settings.kafka_nodes == [(1, 19092, 19093), (2, 19102, 19103), (3, 19112, 19113)]
+    assert settings.bootstrap_servers == "127.0.0.1:19092,127.0.0.1:19102,127.0.0.1:19112"
+    assert settings.kafka_replication == (3, 2)
+    for node, client, controller in settings.kafka_nodes:
+        props = _properties(kafka.render_server_properties(settings, node))
+        assert props["node.id"] == str(node)
+        assert props["listeners"] == f"PLAINTEXT://127.0.0.1:{client},CONTROLLER://127.0.0.1:{controller}"
+        assert props["controller.quorum.voters"] == "1@127.0.0.1:19093,2@127.0.0.1:19103,3@127.0.0.1:19113"
+        assert "controller.quorum.bootstrap.servers" not in props  # static quorum: formatted without --standalone
+        assert props["log.dirs"] == str(settings.home / "kafka-cluster" / f"node-{node}" / "data")
+        assert props["default.replication.factor"] == props["offsets.topic.replication.factor"] == "3"
+        assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == "2"
+        assert kafka.process_name(settings, node) == f"kafka-{node}"
+    assert kafka.process_name(Settings(home=tmp_path)) == "kafka"  # the single node keeps its name and folder
+    with pytest.raises(Exception, match="node 4"):
+        kafka.render_server_properties(settings, 4)
+
+
 def test_sasl_is_off_by_default_and_clients_get_no_security_options(settings):
     from keyshift import kafka_clients
 
