@@ -258,6 +258,11 @@ def _existing_cluster_id(settings: Settings, node: int = NODE_ID) -> str:
     return ""
 
 
+def any_node_listens(settings: Settings) -> bool:
+    """True when a Kafka node accepts TCP connections on its client port (`Settings.kafka_nodes`)."""
+    return any(process.port_open(settings.kafka_host, client) for _, client, _ in settings.kafka_nodes)
+
+
 def broker_unreachable(settings: Settings, exc: Exception) -> StackError:
     """The error to raise when no broker answers at `settings.bootstrap_servers`.
 
@@ -275,7 +280,7 @@ def broker_unreachable(settings: Settings, exc: Exception) -> StackError:
 
     if isinstance(exc, kafka_errors.SaslAuthenticationFailedError):
         return StackError(f"Kafka at {where} refused the login ({exc}); {sasl_fix}")
-    if not isinstance(exc, ConnectionRefusedError) and process.port_open(settings.kafka_host, settings.kafka_port):
+    if not isinstance(exc, ConnectionRefusedError) and any_node_listens(settings):
         return StackError(
             f"Kafka at {where} accepts connections but answered no request ({exc}); if it requires "
             f"a login (SASL), {sasl_fix}; else see its log (`keyshift stack status` names it)"
@@ -291,7 +296,7 @@ def check_broker(settings: Settings) -> None:
     Raises:
         StackError: nothing accepts connections there (with the fix: `keyshift stack up`).
     """
-    if not process.port_open(settings.kafka_host, settings.kafka_port):
+    if not any_node_listens(settings):
         raise broker_unreachable(settings, ConnectionRefusedError("nothing listens there"))
 
 
@@ -326,7 +331,7 @@ def probe(settings: Settings, *, timeout_s: float = 5.0) -> KafkaHealth:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    if not any(process.port_open(settings.kafka_host, client) for _, client, _ in settings.kafka_nodes):
+    if not any_node_listens(settings):
         raise StackError(f"nothing listens on {settings.bootstrap_servers}")
     timeout_ms = int(timeout_s * 1000)
     try:
@@ -490,7 +495,7 @@ def status(settings: Settings) -> ServiceStatus:
         detail = str(exc)
         if record:
             state = UNHEALTHY
-        elif process.port_open(settings.kafka_host, settings.kafka_port):
+        elif any_node_listens(settings):
             state = BLOCKED
         else:
             state, detail = STOPPED, ""
