@@ -47,6 +47,17 @@ def redis_progress_key(run_id: str) -> str:
     return f"{REDIS_PREFIX}:run:{run_id}:progress"
 
 
+def redis_batch_context_key(run_id: str, batch_id: int) -> str:
+    """Redis string: what run batch `batch_id`'s tasks need from the driver (JSON; see
+    `keyshift.eventtime.batch_channel`)."""
+    return f"{REDIS_PREFIX}:run:{run_id}:batch:{int(batch_id)}:context"
+
+
+def redis_batch_reports_key(run_id: str, batch_id: int, query: str) -> str:
+    """Redis hash: task id -> what that ingest task of query `query` read in run batch `batch_id`."""
+    return f"{REDIS_PREFIX}:run:{run_id}:batch:{int(batch_id)}:reports:{query}"
+
+
 def redis_replay_key(topic: str) -> str:
     """Redis hash holding the last replay's record for a topic (events produced, end offsets)."""
     return f"{REDIS_PREFIX}:replay:{topic}"

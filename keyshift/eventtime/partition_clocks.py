@@ -22,12 +22,15 @@ run's end-of-input marker of p was read. They are state of the run, in files und
   the epoch). Written by the driver before the batch runs, and never rewritten: a batch Spark
   replays after a crash reads the same file, exactly as Spark replays a batch with the watermark
   and timestamp of its offset log.
-- `<b>/<checkpoint>-task-<i>.json`: what each ingest task of batch b read, per Kafka partition
-  (records, largest valid event time, marker). A task writes the same file when Spark retries or
-  replays it (same offsets, same records).
-- `after-<b>.json`: the clocks after batch b, the fold of `in-force-<b>` with the reports of the
-  query that ran b (by its checkpoint's name: a query that did not commit b never counts).
-  Written by the driver after the batch's outputs and before Spark commits it.
+- `after-<b>.json`: the clocks after batch b, the fold of `in-force-<b>` with the reports of what
+  each ingest task of b read per Kafka partition (records, largest valid event time, marker), by
+  the query that ran b (reports are kept by the query's checkpoint name: a query that did not
+  commit b never counts). Written by the driver after the batch's outputs and before Spark
+  commits it.
+
+The tasks do not read these files: the driver publishes each batch's clocks in force through
+Redis before the batch runs, and the tasks report back the same way
+(`keyshift.eventtime.batch_channel`).
 
 **Active partitions.** p is active at batch b when its marker was not read and
 T_b - last_active_ms(p) <= the idle timeout (`--partition-idle-timeout`, seconds of processing
@@ -52,10 +55,8 @@ of its input, and their event time ends the stream's event time as before.
 is a function of its offsets (the task reports), so a replayed batch caps and judges exactly as
 the first attempt did, and Spark's watermark (which it logs per batch) is the same.
 
-**Storage.** The files are read and written with Python's file API, by the driver and by the
-ingest tasks, so the run's folder must be a path every executor can open (one machine, or a
-shared mount); like the plausibility rule's reading of the offset log, this is local-file I/O
-that a cluster with HDFS or object-store checkpoints needs moved to Hadoop's FileSystem.
+**Storage.** Only the driver reads and writes the files, in the run folder on its own disk;
+executors reach the clocks through Redis (`keyshift.eventtime.batch_channel`).
 
 **The reference is the same for every key.** Flink's operator watermark is the minimum over its
 input splits; keyshift's Spark watermark is the minimum over the active partitions for all keys,
@@ -296,7 +297,7 @@ def cap_event_times(event_times_ms: np.ndarray, partitions: np.ndarray, caps_ms:
 
 
 class PartitionClockStore:
-    """The files of a run's partition clocks (module docstring), local to the driver and tasks.
+    """The files of a run's partition clocks (module docstring), on the driver's disk.
 
     Args:
         run_dir: `runs/<run_id>/`.
@@ -312,10 +313,6 @@ class PartitionClockStore:
     def after_path(self, batch_id: int) -> Path:
         """`after-<b>.json`."""
         return self.root / f"after-{int(batch_id)}.json"
-
-    def reports_dir(self, batch_id: int) -> Path:
-        """`<b>/`, the ingest tasks' reports of batch b."""
-        return self.root / str(int(batch_id))
 
     def read_in_force(self, batch_id: int) -> PartitionClocks | None:
         """The clocks in force for batch `batch_id`, None if not written (yet).
@@ -349,23 +346,10 @@ class PartitionClockStore:
         _write_json(self.in_force_path(batch_id), clocks.as_json())
         return clocks
 
-    def write_report(self, batch_id: int, query: str, task: int, report: Mapping[int, SliceReport]) -> None:
-        """Write an ingest task's report (replacing an earlier attempt's, which is the same)."""
-        body = {str(p): {"records": r.records, "max_event_time_ms": r.max_event_time_ms, "marker": r.marker} for p, r in report.items()}
-        _write_json(self.reports_dir(batch_id) / f"{query}-task-{int(task)}.json", body)
-
-    def reports(self, batch_id: int, query: str) -> list[dict[int, SliceReport]]:
-        """The reports the ingest tasks of query `query` wrote for batch `batch_id`."""
-        found = []
-        for path in sorted(self.reports_dir(batch_id).glob(f"{query}-task-*.json")):
-            body = self._read(path, lambda v: v)
-            found.append({int(p): SliceReport(int(r["records"]), None if r["max_event_time_ms"] is None else int(r["max_event_time_ms"]),
-                                              bool(r["marker"])) for p, r in body.items()})
-        return found
-
-    def seal(self, batch_id: int, query: str) -> dict[int, PartitionClock]:
-        """Fold batch `batch_id`'s reports by query `query` into its clocks in force and write
-        `after-<b>.json` (module docstring). Returns the clocks after the batch.
+    def seal(self, batch_id: int, query: str, reports: list[Mapping[int, SliceReport]]) -> dict[int, PartitionClock]:
+        """Fold `reports`, what the ingest tasks of query `query` read in batch `batch_id`
+        (`keyshift.eventtime.batch_channel.BatchChannel.reports`), into its clocks in force and
+        write `after-<b>.json` (module docstring). Returns the clocks after the batch.
 
         Raises:
             JobError: the batch has no clocks in force (it was not prepared).
@@ -373,7 +357,7 @@ class PartitionClockStore:
         clocks = self.read_in_force(batch_id)
         if clocks is None:
             raise JobError(f"batch {batch_id} has no partition clocks in force under {self.root}; it was not prepared")
-        after = clocks.advance(self.reports(batch_id, query))
+        after = clocks.advance(reports)
         _write_json(self.after_path(batch_id), {"batch_id": int(batch_id), "query": query,
                                                 "clocks": {str(p): c.as_json() for p, c in sorted(after.items())}})
         return after
@@ -405,38 +389,6 @@ def _write_json(path: Path, body: dict) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(body, sort_keys=True))
     os.replace(temporary, path)
-
-
-_cache: dict[tuple[str, int], PartitionClocks] = {}
-
-
-def clocks_for_task(run_dir: str, batch_base: int) -> tuple[int, PartitionClocks] | None:
-    """In an ingest task: (run-wide batch id, the clocks in force for it), read once per batch
-    and Python worker; None outside a streaming query.
-
-    Raises:
-        JobError: the batch's clocks are missing (the driver prepares them before the batch runs;
-            every executor must be able to read the run's folder).
-    """
-    from pyspark import TaskContext
-
-    from keyshift.eventtime.plausibility import BATCH_ID_PROPERTY
-
-    context = TaskContext.get()
-    batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
-    if batch is None:
-        return None
-    batch_id = int(batch_base) + int(batch)
-    key = (run_dir, batch_id)
-    if key not in _cache:
-        clocks = PartitionClockStore(run_dir).read_in_force(batch_id)
-        if clocks is None:
-            raise JobError(f"run batch {batch_id} has no partition clocks in force under {run_dir}; the driver writes them "
-                           "before the batch runs, so the run folder must be readable from every executor")
-        if len(_cache) > 64:
-            _cache.clear()
-        _cache[key] = clocks
-    return batch_id, _cache[key]
 
 
 def listed_partitions(checkpoint_dir: Path | str, query_batch: int) -> list[int]:

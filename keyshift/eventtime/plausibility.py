@@ -6,8 +6,7 @@ stream. Such an event is not data: it goes to the dead-letter output with a reas
 as a dead letter (so events read = Σ window counts + late + dead letters + pending still holds),
 and never reaches the watermark operator. The check therefore runs before Spark's
 `withWatermark`: in a job, inside the ingest stage (`keyshift.processing.operators.ingest`, with
-`implausible_reasons`); `quarantine_implausible` applies the same rule to a DataFrame as a scalar
-pandas UDF over the event-time column alone.
+`implausible_reasons`).
 
 The rule, for an event with event time t (ms) in micro-batch b:
 
@@ -20,8 +19,9 @@ The rule, for an event with event time t (ms) in micro-batch b:
   the delay (`keyshift.eventtime.partition_clocks`, written before the batch and read back on a
   replay, like the offset log), 0 before the partition's first event; so a partition that a
   backfill reads months behind another is judged against itself, never against the fastest
-  (`keyshift.processing.operators.ingest.IngestContext.partition_reference`). Spark's W serves where a
-  query runs without partition clocks (`quarantine_implausible`).
+  (`keyshift.processing.operators.ingest.IngestContext.partition_reference`). The driver reads
+  the offset log and the clocks and publishes them to the tasks before the batch runs
+  (`keyshift.eventtime.batch_channel`): no executor reads the checkpoint.
 - The chunk: the records the engine's ingest stage (`keyshift.processing.operators.ingest`) is handed at
   once, `spark.sql.execution.arrow.maxRecordsPerBatch` Kafka records (default 10,000) of one
   Kafka partition's slice of the batch, in offset order, counted from the slice's start (a
@@ -60,9 +60,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 
 from keyshift.errors import ConfigurationError, JobError
 
@@ -216,83 +213,3 @@ def implausible_reasons(
         found[events > reference.timestamp_ms + limits.max_ahead_ms] = TOO_FAR_IN_THE_FUTURE
     reasons[checked] = found
     return reasons
-
-
-_references: dict[tuple[str, int], BatchReference] = {}
-
-
-def _batch_reference(checkpoint_dir: str) -> BatchReference:
-    """This task's batch reference (read once per batch and Python worker), or the empty one
-    outside a streaming query."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
-    if batch is None:
-        return BatchReference()
-    key = (checkpoint_dir, int(batch))
-    if key not in _references:
-        if len(_references) > 64:
-            _references.clear()
-        _references[key] = read_batch_reference(checkpoint_dir, int(batch))
-    return _references[key]
-
-
-def plausibility_udf(checkpoint_dir: str | Path, bound_ms: int, limits: PlausibilityLimits, watermark_floor_ms: int = 0):
-    """A scalar pandas UDF: event time column (long, NULL = do not judge) -> reason or NULL.
-
-    Args:
-        checkpoint_dir: the streaming query's checkpoint location (its offset log gives each
-            batch's watermark and timestamp; every executor must be able to read it).
-        bound_ms: the watermark bound B (ms).
-        limits: A, H and S.
-        watermark_floor_ms: W never counts as lower than this (ms of event time): a query that a
-            switch started from another's state starts its offset log at W = 0, but the stream's
-            watermark is the old query's.
-
-    Returns:
-        A function Column -> Column (string) to use inside a select before `withWatermark`.
-    """
-    checkpoint = str(checkpoint_dir)
-    floor = int(watermark_floor_ms)
-
-    @F.pandas_udf("string")
-    def judge(event_times_ms: pd.Series) -> pd.Series:
-        checked = event_times_ms.notna().to_numpy()
-        times = event_times_ms.to_numpy(dtype=np.float64, na_value=0.0)  # a long column with NULLs
-        reference = _batch_reference(checkpoint)
-        if floor > reference.watermark_ms:
-            reference = BatchReference(floor, reference.timestamp_ms)
-        reasons = implausible_reasons(times, checked, reference, bound_ms, limits)
-        return pd.Series(reasons, dtype=object)
-
-    return judge
-
-
-def quarantine_implausible(
-    frame,
-    checkpoint_dir: str | Path,
-    bound_ms: int,
-    limits: PlausibilityLimits,
-    time_column: str = "event_time_ms",
-    reason_column: str = "dead_letter_reason",
-    exempt: Column | None = None,
-    watermark_floor_ms: int = 0,
-):
-    """Set `reason_column` of every implausible event of `frame` (see the module docstring).
-
-    Args:
-        frame: a (streaming) DataFrame with `time_column` (long, ms) and `reason_column`
-            (string, NULL for a valid record), before any `withWatermark`.
-        checkpoint_dir, bound_ms, limits, watermark_floor_ms: as `plausibility_udf`.
-        exempt: rows never judged nor used as reference besides rejected ones (e.g. end-of-input
-            markers); None exempts none.
-
-    Returns:
-        `frame` with `reason_column` = its old value, else the plausibility reason, else NULL.
-    """
-    judged = F.col(reason_column).isNull()
-    if exempt is not None:
-        judged = judged & ~exempt
-    judge = plausibility_udf(checkpoint_dir, bound_ms, limits, watermark_floor_ms)
-    return frame.withColumn(reason_column, F.coalesce(F.col(reason_column), judge(F.when(judged, F.col(time_column)))))

@@ -40,6 +40,7 @@ from keyshift.processing.operators.ingest import (
 from keyshift.processing.operators.exchange import parse_emit
 from keyshift.processing.operators.local_merge import partial_schema, partials_function
 from keyshift.processing.operators.processor import KeyedWindowProcessor, output_schema
+from keyshift.processing.spark_checkpoint import checkpoint_name
 
 def default_checkpoint_dir(run_id: str) -> Path:
     """`runs/<run_id>/checkpoint` under the default settings' runs folder, where
@@ -56,7 +57,7 @@ def job_stream(
     initial_state=None,
     watermark_floor_ms: int = 0,
     marker_floor: Mapping[int, int] | None = None,
-    clocks_dir: Path | str | None = None,
+    batch_channel: str | None = None,
     batch_base: int = 0,
 ) -> DataFrame:
     """Chain parse -> plausibility -> watermark -> Local Merge with slot tokens -> stateful processor.
@@ -64,20 +65,22 @@ def job_stream(
     Args:
         kafka_rows: the Kafka source's rows (`key`, `value`, `partition`, `offset`), streaming.
         config: the run's configuration.
-        checkpoint_dir: the `checkpointLocation` the query will be started with: the
-            plausibility check reads each batch's watermark from its offset log. Default:
-            `default_checkpoint_dir(config.run_id)`. A batch whose offsets file is not there
-            fails the query (JobError) rather than being judged without its watermark.
+        checkpoint_dir: the `checkpointLocation` the query will be started with (a path or a
+            Hadoop URI); its last name tags the ingest tasks' reports. Default:
+            `default_checkpoint_dir(config.run_id)`.
         initial_state: after a switch, the migrated state grouped by token
             (`keyshift.processing.operators.state_variables.initial_state_frame`); None: start empty.
         watermark_floor_ms: after a switch, the old query's next watermark (ms of event time):
             lateness, window closing and the plausibility reference never go below it.
         marker_floor: after a switch, partition -> the topic's end offset when the segment was
             made: the run's end-of-input markers below it are ignored (`IngestContext`).
-        clocks_dir: the run's folder, where the driver keeps the partition clocks
-            (`keyshift.eventtime.partition_clocks`; the driver must prepare and seal every batch,
-            `keyshift.runtime.driver`); None: no partition clocks (plausibility against
-            Spark's watermark, no capping).
+        batch_channel: the Redis URL of the run's batch channel
+            (`keyshift.eventtime.batch_channel`): the driver publishes each batch's partition
+            clocks and plausibility reference there before the batch runs and seals the batch
+            from the tasks' reports (`keyshift.processing.outputs.clocked_batches.ClockedBatches`,
+            which `keyshift.runtime.driver` wraps every sink in; a batch without a published
+            context fails with JobError rather than being judged without it). None: no partition
+            clocks (plausibility without a watermark, no capping).
         batch_base: the run-wide id of this query's batch 0.
 
     Returns:
@@ -98,13 +101,12 @@ def job_stream(
     policy, spec = config.event_time.policy, config.spec
     context = IngestContext(
         run_id=config.run_id, end_offsets=config.input.end_offsets,
-        checkpoint_dir=str(checkpoint_dir or default_checkpoint_dir(config.run_id)),
         bound_ms=policy.spark_delay_ms, limits=config.event_time.plausibility, watermark_floor_ms=watermark_floor_ms,
         marker_floor={int(p): int(o) for p, o in marker_floor.items()} if marker_floor else None,
         chunk_records=int(kafka_rows.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch",
                                                            str(DEFAULT_CHUNK_RECORDS))),
-        clocks_dir=str(clocks_dir) if clocks_dir is not None else None, batch_base=int(batch_base),
-        query=Path(str(checkpoint_dir or default_checkpoint_dir(config.run_id))).name, cap_event_time=policy.caps_event_time,
+        batch_channel=batch_channel, batch_base=int(batch_base),
+        query=checkpoint_name(checkpoint_dir or default_checkpoint_dir(config.run_id)), cap_event_time=policy.caps_event_time,
     )
     store = (config.redis_url, config.input.topic) if config.placement.assignment is not None else None
     lookup = None

@@ -17,6 +17,13 @@ from keyshift.processing.operators.processor import PENDING_STATE_NAME, unpack_p
 
 log = logging.getLogger(__name__)
 
+
+def checkpoint_name(location: str | Path) -> str:
+    """The last name of a checkpoint location, a path or a Hadoop URI
+    (`s3a://bucket/runs/r/checkpoint-0` and `runs/r/checkpoint-0` -> `checkpoint-0`)."""
+    return str(location).rstrip("/").rsplit("/", 1)[-1]
+
+
 def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None = None, aggregates: int = 2) -> int:
     """Events held in open windows in the run's state at its last committed batch (or `batch_id`).
 

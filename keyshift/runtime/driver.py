@@ -34,6 +34,7 @@ from keyshift.console import STEP, EventsBar
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.kafka_clients import client_options
+from keyshift.eventtime.batch_channel import BatchChannel
 from keyshift.processing.job_query import job_stream
 from keyshift.processing.job_config import LEARNED_STRATEGIES, JobConfig, check_job_strategy
 from keyshift.processing.operators.processor import state_variables
@@ -306,7 +307,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
             read_kafka(spark, settings, config.input.topic, dict(segment.start_offsets), config.input.max_offsets_per_trigger,
                        config.event_time.max_partition_drift_ms, spec.event_time_field), seg_config,
             checkpoint_dir=checkpoint, initial_state=initial, watermark_floor_ms=segment.watermark_floor_ms,
-            marker_floor=segment.marker_floor, clocks_dir=run_dir, batch_base=segment.batch_base,
+            marker_floor=segment.marker_floor, batch_channel=settings.redis_url, batch_base=segment.batch_base,
         )
         query_name = f"flight_delays_{config.run_id}_{segment.index}".replace("-", "_")
         batch_function = sink
@@ -321,7 +322,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                                              seg_config.window_ms, slot_tokens(seg_config.placement.partitions, seg_config.placement.stateful_partitions),
                                              segment.watermark_floor_ms)
         batch_function = ClockedBatches(batch_function, run_dir, checkpoint, segment.batch_base, config.event_time.partition_idle_timeout_s,
-                                        lambda: input_end.offsets)
+                                        lambda: input_end.offsets, BatchChannel(settings.redis_url, config.run_id))
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
         task_times.follow(query_name, segment.batch_base, seg_config.placement.partitions, seg_config.placement.stateful_partitions,
                           seg_config.source_tasks)

@@ -31,7 +31,7 @@ KAFKA_SCHEMA = "key BINARY, value BINARY, partition INT, offset LONG"
 
 
 def context(run_id: str = "run-1", end_offsets=None) -> IngestContext:
-    return IngestContext(run_id=run_id, end_offsets=end_offsets, checkpoint_dir=None, bound_ms=60_000, limits=PlausibilityLimits())
+    return IngestContext(run_id=run_id, end_offsets=end_offsets, bound_ms=60_000, limits=PlausibilityLimits())
 
 
 def kafka_batch(records, partition: int = 3) -> pa.RecordBatch:
@@ -122,7 +122,7 @@ def test_own_markers_and_end_offsets():
 def test_own_markers_below_the_marker_floor_are_an_earlier_segments_and_dropped():
     records = [(None, end_of_input_marker("run-1", 253_402_300_799_000)), (b"ORD", CANONICAL.encode()),
                (None, end_of_input_marker("run-1", 253_402_300_799_000))]
-    base = dict(run_id="run-1", end_offsets={3: 2}, checkpoint_dir=None, bound_ms=60_000, limits=PlausibilityLimits())
+    base = dict(run_id="run-1", end_offsets={3: 2}, bound_ms=60_000, limits=PlausibilityLimits())
     for floor, kept in (({3: 1}, [2]), ({3: 3}, []), ({4: 9}, [0, 2]), (None, [0, 2])):  # floor of another partition: none here
         table, markers = RecordIngest(FLIGHT_DELAYS, IngestContext(**base, marker_floor=floor)).chunk(kafka_batch(records))
         assert [m.offset for m in markers] == kept, floor

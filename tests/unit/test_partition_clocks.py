@@ -79,10 +79,7 @@ def test_the_store_writes_once_and_a_replay_reads_the_same_clocks(tmp_path):
     store = PartitionClockStore(tmp_path)
     first = store.prepare(0, T0, 60_000, listed=[0, 1])
     assert first.clocks == {0: PartitionClock(None, T0), 1: PartitionClock(None, T0)}
-    store.write_report(0, "checkpoint", 0, {0: SliceReport(10, 5 * DAY)})
-    store.write_report(0, "checkpoint", 1, {1: SliceReport(10, 9 * DAY)})
-    store.write_report(0, "other-query", 0, {0: SliceReport(10, 99 * DAY)})  # a query that did not commit batch 0
-    store.seal(0, "checkpoint")
+    store.seal(0, "checkpoint", [{0: SliceReport(10, 5 * DAY)}, {1: SliceReport(10, 9 * DAY)}])
     second = store.prepare(1, T0 + 5_000, 60_000, listed=[0, 1])
     assert second.event_time_ms(0) == 5 * DAY and second.event_time_ms(1) == 9 * DAY
     assert store.prepare(1, T0 + 999_999, 60_000) == second  # a replay: the file wins, not the new time
@@ -91,7 +88,7 @@ def test_the_store_writes_once_and_a_replay_reads_the_same_clocks(tmp_path):
 
 def test_a_batch_without_clocks_cannot_be_sealed(tmp_path):
     with pytest.raises(JobError, match="not prepared"):
-        PartitionClockStore(tmp_path).seal(3, "checkpoint")
+        PartitionClockStore(tmp_path).seal(3, "checkpoint", [])
 
 
 def test_listed_partitions_reads_sparks_offset_log(tmp_path):
@@ -111,7 +108,7 @@ def test_ingest_caps_event_ts_only_outside_global_mode(monkeypatch):
     monkeypatch.setattr(IngestContext, "partition_clocks", lambda self: (0, clocks))
     rows = pa.table({"kafka_partition": pa.array([0, 1, 1], pa.int32())})
     times = pa.array([11 * DAY, 101 * DAY, None], pa.int64())
-    context = IngestContext(run_id="r", end_offsets=None, checkpoint_dir=None, bound_ms=0, limits=PlausibilityLimits(),
-                            clocks_dir="unused", cap_event_time=True)
+    context = IngestContext(run_id="r", end_offsets=None, bound_ms=0, limits=PlausibilityLimits(), batch_channel="unused",
+                            cap_event_time=True)
     assert capped_event_times(rows, times, context).to_pylist() == [11 * DAY, 10 * DAY, None]
     assert capped_event_times(rows, times, replace(context, cap_event_time=False)).to_pylist() == [11 * DAY, 101 * DAY, None]

@@ -17,7 +17,6 @@ from keyshift.eventtime.plausibility import (
     block_medians,
     implausible_reasons,
     lower_median,
-    quarantine_implausible,
     read_batch_reference,
 )
 from keyshift.eventtime.windows import HOUR_MS
@@ -133,53 +132,39 @@ def test_a_missing_offset_log_fails_loudly(tmp_path):
 # --- in a real streaming query -------------------------------------------------------------
 
 
-def _write(folder, name, times):
-    (folder / name).write_text("\n".join(json.dumps({"t": int(t)}) for t in times) + "\n")
-
-
-def _run(spark, source, checkpoint, seen):
-    """Stream `source`'s JSON files one file per batch through the plausibility check and the
-    watermark; `seen[batch_id]` = sorted (t, reason) of the batch."""
+def test_the_batch_reference_is_the_one_spark_logged_and_replays(spark, tmp_path):
+    """The driver reads each batch's W and T from Spark's offset log (and publishes them to the
+    tasks, `keyshift.eventtime.batch_channel`): the values Spark itself runs the batch with, and
+    the same when Spark replays the batch after a crash."""
     from pyspark.sql import functions as F
 
-    frame = spark.readStream.schema("t LONG").option("maxFilesPerTrigger", 1).json(str(source))
-    judged = quarantine_implausible(
-        frame.withColumn("reason", F.lit(None).cast("string")), checkpoint, BOUND, LIMITS, time_column="t", reason_column="reason"
-    )
-    timed = judged.withColumn("ts", F.when(F.col("reason").isNull(), F.timestamp_millis("t"))).withWatermark("ts", f"{BOUND} milliseconds")
-
-    def collect(batch, batch_id):
-        seen[batch_id] = sorted((r.t, r.reason) for r in batch.collect())
-
-    query = timed.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
-    query.awaitTermination(120)
-    return query
-
-
-def test_in_a_streaming_query_the_rule_reads_the_watermark_and_replays_alike(spark, tmp_path):
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     source.mkdir()
-    first = [T0 + i * 1_000 for i in range(10)] + [0, 4_102_444_800_000, T0 + 20 * DAY_MS]
-    _write(source, "a.json", first)  # batch 0: no watermark yet; the median is about T0
-    latest = T0 + 9_000  # the latest plausible event of batch 0: the watermark becomes latest - BOUND
-    second = [latest + A, latest + A + 1, latest - BOUND - H, latest - BOUND - H - 1]
-    _write(source, "b.json", second)  # batch 1: 4 events, fewer than S, judged against the watermark
+    latest = T0 + 9_000
+    (source / "a.json").write_text("\n".join(json.dumps({"t": T0 + i * 1_000}) for i in range(10)) + "\n")
+    (source / "b.json").write_text(json.dumps({"t": latest + 1}) + "\n")
 
-    seen: dict[int, list] = {}
-    query = _run(spark, source, checkpoint, seen)
-    assert seen[0] == sorted([(t, None) for t in first[:10]] + [
-        (0, TOO_FAR_BEHIND), (4_102_444_800_000, TOO_FAR_IN_THE_FUTURE), (T0 + 20 * DAY_MS, TOO_FAR_AHEAD),
-    ])
-    assert read_batch_reference(checkpoint, 1).watermark_ms == latest - BOUND  # no quarantined event moved it
-    assert seen[1] == sorted([
-        (latest + A, None), (latest + A + 1, TOO_FAR_AHEAD), (latest - BOUND - H, None), (latest - BOUND - H - 1, TOO_FAR_BEHIND),
-    ])
-    assert query.lastProgress["batchId"] == 1
+    def run() -> tuple[dict[int, int], object]:
+        frame = spark.readStream.schema("t LONG").option("maxFilesPerTrigger", 1).json(str(source))
+        timed = frame.withColumn("ts", F.timestamp_millis("t")).withWatermark("ts", f"{BOUND} milliseconds")
+        seen: dict[int, int] = {}
+
+        def judge(batch, b: int) -> None:  # as ClockedBatches: read the reference, then run the batch
+            seen[b] = read_batch_reference(checkpoint, b).watermark_ms
+            batch.count()
+
+        query = timed.writeStream.foreachBatch(judge)\
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        query.awaitTermination(120)
+        return seen, query
+
+    seen, query = run()
+    assert seen == {0: 0, 1: latest - BOUND}
     assert query.lastProgress["eventTime"]["watermark"] == "2000-12-31T23:00:09.000Z"  # Spark's own: latest - BOUND
+    reference = read_batch_reference(checkpoint, 1)
+    assert reference.timestamp_ms is not None and reference.timestamp_ms > NOW - 400 * DAY_MS
 
-    # a crash before batch 1 committed: Spark replays it from its offset log, same watermark
-    for name in ("1", ".1.crc"):
+    for name in ("1", ".1.crc"):  # a crash before batch 1 committed: Spark replays it, same reference
         (checkpoint / "commits" / name).unlink(missing_ok=True)
-    replayed: dict[int, list] = {}
-    _run(spark, source, checkpoint, replayed)
-    assert replayed == {1: seen[1]}
+    replayed, _ = run()
+    assert replayed == {1: latest - BOUND} and read_batch_reference(checkpoint, 1) == reference

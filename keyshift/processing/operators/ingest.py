@@ -61,8 +61,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
-from keyshift.eventtime.partition_clocks import PartitionClocks, PartitionClockStore, SliceReport, cap_event_times, clocks_for_task
-from keyshift.eventtime.plausibility import BatchReference, PlausibilityLimits, _batch_reference, implausible_reasons
+from keyshift.eventtime.batch_channel import task_batch
+from keyshift.eventtime.partition_clocks import PartitionClocks, SliceReport, cap_event_times
+from keyshift.eventtime.plausibility import BatchReference, PlausibilityLimits, implausible_reasons
 from keyshift.processing.operators.records import (
     FILTERED, MAX_CODE_BYTES, key_mismatch, record_columns,
 )
@@ -248,9 +249,6 @@ class IngestContext:
         run_id: the run whose markers are kept (others' are dropped).
         end_offsets: partition -> first offset past the run's input, or None to keep every
             event (`keyshift.processing.job_query.JobConfig.end_offsets`).
-        checkpoint_dir: the query's checkpoint location (each batch's watermark and timestamp,
-            `keyshift.eventtime.plausibility.read_batch_reference`); None outside a streaming
-            query (the plausibility rule then has no watermark and no batch time).
         bound_ms: the Spark watermark's delay B, ms of event time.
         limits: the plausibility limits.
         watermark_floor_ms: W never counts as lower than this (after a switch), ms of event time.
@@ -261,9 +259,11 @@ class IngestContext:
             for an earlier segment (before a switch) and are dropped like another run's, so
             that the query reads only the markers written for it, after all of its input
             (`keyshift.runtime.driver._watch`). None or a missing partition: offset 0.
-        clocks_dir: the run's folder, whose partition clocks (`keyshift.eventtime.partition_clocks`)
-            give each batch's per-partition reference and take each task's report; None outside a
-            streaming query (plausibility then judges against Spark's watermark `W`).
+        batch_channel: the Redis URL of the run's batch channel
+            (`keyshift.eventtime.batch_channel`), where the driver publishes each batch's partition
+            clocks in force and plausibility reference (Spark's watermark and batch timestamp from
+            the offset log) and the tasks report what they read; None outside a streaming query
+            of the driver (no partition clocks; plausibility without a watermark or batch time).
         batch_base: the run-wide id of the query's batch 0 (a switch's segments number on).
         query: the query's name in the task reports (its checkpoint folder's name).
         cap_event_time: cap each row's `event_ts` at its partition's M(p)
@@ -272,21 +272,31 @@ class IngestContext:
 
     run_id: str
     end_offsets: Mapping[int, int] | None
-    checkpoint_dir: str | None
     bound_ms: int
     limits: PlausibilityLimits
     watermark_floor_ms: int = 0
     chunk_records: int = DEFAULT_CHUNK_RECORDS
     marker_floor: Mapping[int, int] | None = None
-    clocks_dir: str | None = None
+    batch_channel: str | None = None
     batch_base: int = 0
     query: str = "query"
     cap_event_time: bool = False
 
+    def running_batch(self):
+        """(channel, run-wide batch id, partition clocks in force, batch reference) of the
+        running batch (`keyshift.eventtime.batch_channel.task_batch`); None without a channel or
+        outside a streaming query.
+
+        Raises:
+            JobError, StackError: the batch's context is not in Redis, or Redis failed.
+        """
+        return task_batch(self.batch_channel, self.run_id, self.batch_base) if self.batch_channel is not None else None
+
     def partition_clocks(self) -> tuple[int, PartitionClocks] | None:
         """(run-wide batch id, the partition clocks in force) of the running batch; None without
-        a clocks folder or outside a streaming query."""
-        return clocks_for_task(self.clocks_dir, self.batch_base) if self.clocks_dir is not None else None
+        a channel or outside a streaming query."""
+        found = self.running_batch()
+        return None if found is None else (found[1], found[2])
 
     def input_end(self) -> Mapping[int, int] | None:
         """The run's input end for the running batch: the one fixed in its partition clocks
@@ -301,16 +311,17 @@ class IngestContext:
         """The plausibility reference of a chunk of Kafka partition `partition`: W = its own
         clock - `bound_ms` (0 before its first event: the chunk's medians judge), and the batch's
         timestamp (`keyshift.eventtime.plausibility`). Without partition clocks: `reference()`."""
-        found = self.partition_clocks()
+        found = self.running_batch()
         if found is None:
             return self.reference()
-        timestamp = _batch_reference(self.checkpoint_dir).timestamp_ms if self.checkpoint_dir is not None else None
-        clock = found[1].event_time_ms(partition)
-        return BatchReference(max(clock - self.bound_ms, 1) if clock is not None else 0, timestamp)
+        clock = found[2].event_time_ms(partition)
+        return BatchReference(max(clock - self.bound_ms, 1) if clock is not None else 0, found[3].timestamp_ms)
 
     def reference(self) -> BatchReference:
-        """The running batch's reference, floored at `watermark_floor_ms`."""
-        reference = _batch_reference(self.checkpoint_dir) if self.checkpoint_dir is not None else BatchReference()
+        """The running batch's reference (Spark's watermark and batch timestamp), floored at
+        `watermark_floor_ms`; without a channel, none (W = 0, no batch time)."""
+        found = self.running_batch()
+        reference = found[3] if found is not None else BatchReference()
         if self.watermark_floor_ms > reference.watermark_ms:
             return BatchReference(self.watermark_floor_ms, reference.timestamp_ms)
         return reference
@@ -712,12 +723,12 @@ def capped_event_times(rows: pa.Table, event_times: pa.Array, context: IngestCon
 
 
 def write_task_report(context: IngestContext, reports: Mapping[int, SliceReport]) -> None:
-    """Write this ingest task's per-partition report for the running batch
-    (`keyshift.eventtime.partition_clocks.PartitionClockStore.write_report`); nothing outside a
-    streaming query or without a clocks folder."""
-    found = context.partition_clocks()
+    """Send this ingest task's per-partition report of the running batch to the driver
+    (`keyshift.eventtime.batch_channel.BatchChannel.report`); nothing outside a streaming query
+    or without a channel."""
+    found = context.running_batch()
     if found is None:
         return
     from pyspark import TaskContext
 
-    PartitionClockStore(context.clocks_dir).write_report(found[0], context.query, TaskContext.get().partitionId(), reports)
+    found[0].report(found[1], context.query, TaskContext.get().partitionId(), reports)
