@@ -9,6 +9,7 @@ a deployment uses the same names.
 from dataclasses import dataclass
 from pathlib import Path
 
+from keyshift.checkpoint_files import is_uri
 from keyshift.stack_env import stack_value
 
 # Kafka topics of the flight delay job.
@@ -49,13 +50,14 @@ def redis_progress_key(run_id: str) -> str:
 
 def redis_batch_context_key(run_id: str, batch_id: int) -> str:
     """Redis string: what run batch `batch_id`'s tasks need from the driver (JSON; see
-    `keyshift.eventtime.batch_channel`)."""
-    return f"{REDIS_PREFIX}:run:{run_id}:batch:{int(batch_id)}:context"
+    `keyshift.eventtime.batch_channel`). Not under `redis_run_key`'s prefix, whose keys readers
+    scan as run records."""
+    return f"{REDIS_PREFIX}:batch:{run_id}:{int(batch_id)}:context"
 
 
 def redis_batch_reports_key(run_id: str, batch_id: int, query: str) -> str:
     """Redis hash: task id -> what that ingest task of query `query` read in run batch `batch_id`."""
-    return f"{REDIS_PREFIX}:run:{run_id}:batch:{int(batch_id)}:reports:{query}"
+    return f"{REDIS_PREFIX}:batch:{run_id}:{int(batch_id)}:reports:{query}"
 
 
 def redis_replay_key(topic: str) -> str:
@@ -273,10 +275,12 @@ class RunDir:
         """`run/supervisor.json`: the spec of the run's supervisor (`keyshift.orchestration.supervisor`)."""
         return self.path / self.SUPERVISOR_SPEC
 
-    def checkpoint(self, name: str = FIRST_CHECKPOINT) -> Path:
-        """A segment's Spark checkpoint folder; `name` is the segment's `checkpoint` field
-        (`checkpoint` for the first query, `checkpoint_name(i)` for the i-th)."""
-        return self.path / name
+    def checkpoint(self, name: str = FIRST_CHECKPOINT) -> Path | str:
+        """A segment's Spark checkpoint location; `name` is the segment's `checkpoint` field:
+        a folder name under the run (`checkpoint` for the first query, `checkpoint_name(i)` for
+        the i-th), a Path returned, or a Hadoop URI (the run keeps its checkpoints elsewhere),
+        returned as it is (`keyshift.checkpoint_files`)."""
+        return name if is_uri(name) else self.path / name
 
     @staticmethod
     def checkpoint_name(index: int) -> str:

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
         home: state directory for services (pid files, logs, Kafka and Redis data, Airflow home).
         cache_dir: downloaded inputs (the flights data set, jars); reused across runs.
         runs_dir: one folder per job run: `runs/<run_id>/summary.json`, `windows/`, `progress.jsonl`.
+        checkpoint_location: where new runs keep their Spark checkpoints: a Hadoop URI
+            (`hdfs://namenode:8020/keyshift/checkpoints`, `s3a://bucket/keyshift`) or a path, each
+            run's under `<location>/<run_id>/`; None (the default): in the run's folder. Every
+            executor and a restarted driver must reach it (`keyshift.checkpoint_files`).
         kafka_host, kafka_port, kafka_controller_port: the broker's loopback listeners (of node 1;
             node i of a cluster listens 10 * (i - 1) ports higher, `kafka_nodes`).
         kafka_brokers: Kafka nodes of the local stack, each a broker and a KRaft controller; 1
@@ -70,6 +74,8 @@ class Settings(BaseSettings):
         spark_executor_python: the interpreter a cluster's workers have, when not at the path of
             this venv's base interpreter: the packed executor environment links to it
             (`keyshift.stack.executor_env`); None: the base interpreter's path.
+        hdfs_port: the NameNode port of the cluster stack's HDFS (`keyshift.stack.hdfs`), which
+            also takes the five ports after it.
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
@@ -80,6 +86,7 @@ class Settings(BaseSettings):
     home: Path = Field(default=PROJECT_ROOT / ".keyshift")
     cache_dir: Path | None = None
     runs_dir: Path = Field(default=PROJECT_ROOT / "runs")
+    checkpoint_location: str | None = None
     kafka_host: str = "127.0.0.1"
     kafka_port: int = int(stack_value("KEYSHIFT_KAFKA_PORT"))
     kafka_controller_port: int = int(stack_value("KEYSHIFT_KAFKA_CONTROLLER_PORT"))
@@ -102,6 +109,7 @@ class Settings(BaseSettings):
     spark_worker_cores: int = Field(default=1, ge=1)
     spark_worker_memory: str = "4g"
     spark_executor_python: str | None = None
+    hdfs_port: int = int(stack_value("KEYSHIFT_HDFS_PORT"))
     partitions: int = DEFAULT_PARTITIONS
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")

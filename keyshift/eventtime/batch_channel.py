@@ -15,8 +15,8 @@ computed on the driver, read once per executor process), done through Redis beca
 of a streaming batch exists only once the batch is planned, after the query's plan (and its
 broadcasts) are fixed.
 
-Keys (`keyshift.names`): `<prefix>:run:<run_id>:batch:<b>:context`, a JSON string written before
-the batch's jobs; `<prefix>:run:<run_id>:batch:<b>:reports:<query>`, a hash task id -> JSON.
+Keys (`keyshift.names`): `<prefix>:batch:<run_id>:<b>:context`, a JSON string written before the
+batch's jobs; `<prefix>:batch:<run_id>:<b>:reports:<query>`, a hash task id -> JSON.
 Both expire after `TTL_S`; the driver deletes a batch's keys once the batch after it is sealed.
 
 **Replay.** The context is derived from files the driver never rewrites (`in-force-<b>.json` and

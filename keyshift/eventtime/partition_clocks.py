@@ -91,6 +91,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keyshift.checkpoint_files import CheckpointFiles
 from keyshift.errors import JobError
 from keyshift.names import RunDir
 
@@ -396,7 +397,7 @@ def listed_partitions(checkpoint_dir: Path | str, query_batch: int) -> list[int]
     line, the batch metadata, then one JSON line per source, `{topic: {partition: offset}}`).
     Empty when the file or the line is not there."""
     try:
-        lines = (Path(checkpoint_dir) / "offsets" / str(int(query_batch))).read_text().splitlines()
+        lines = CheckpointFiles(checkpoint_dir).read_text(f"offsets/{int(query_batch)}").splitlines()
         sources = json.loads(lines[2])
     except (OSError, IndexError, ValueError):
         return []

@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keyshift.checkpoint_files import CheckpointFiles, join
 from keyshift.errors import ConfigurationError, JobError
 
 DAY_MS = 86_400_000
@@ -121,7 +122,8 @@ class BatchReference:
 
 
 def read_batch_reference(checkpoint_dir: str | Path, batch_id: int) -> BatchReference:
-    """The watermark and timestamp Spark recorded for `batch_id` in its offset log.
+    """The watermark and timestamp Spark recorded for `batch_id` in its offset log (read by the
+    driver: a local folder or a Hadoop URI, `keyshift.checkpoint_files`).
 
     `offsets/<batch_id>` holds a version line (`v1`), one JSON line of batch metadata
     (`batchWatermarkMs`, `batchTimestampMs`, `conf`) and one line per source.
@@ -130,14 +132,14 @@ def read_batch_reference(checkpoint_dir: str | Path, batch_id: int) -> BatchRefe
         JobError: the file is missing or unreadable (the checkpoint is not the query's: pass the
             query's `checkpointLocation` to the pipeline).
     """
-    path = Path(checkpoint_dir) / "offsets" / str(int(batch_id))
+    path = join(checkpoint_dir, "offsets", str(int(batch_id)))
     try:
-        metadata = json.loads(path.read_text().splitlines()[1])
+        metadata = json.loads(CheckpointFiles(checkpoint_dir).read_text(f"offsets/{int(batch_id)}").splitlines()[1])
         return BatchReference(int(metadata.get("batchWatermarkMs", 0)), int(metadata["batchTimestampMs"]))
     except (OSError, IndexError, KeyError, ValueError) as error:
         raise JobError(
-            f"cannot read batch {batch_id}'s watermark from {path} ({error}); the plausibility check needs the "
-            "query's checkpoint location, readable from every executor"
+            f"cannot read batch {batch_id}'s watermark from {path} ({error}); the driver reads it from the query's "
+            "checkpoint location before the batch runs"
         ) from error
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from pyspark.sql import SparkSession
 
+from keyshift.checkpoint_files import CheckpointFiles, sibling
 from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.migration.state import read_state, rekey_state, save_migrated, verify_placement
@@ -37,12 +38,7 @@ def switch_number(segments: Sequence[Segment], record: SwitchRecord) -> int:
     return len(done) + 1
 
 
-def _commits(checkpoint: Path) -> list[int]:
-    commits = checkpoint / "commits"
-    return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.exists() else []
-
-
-def read_cut(checkpoint: Path, topic: str) -> tuple[int | None, dict[int, int], int]:
+def read_cut(checkpoint: Path | str, topic: str) -> tuple[int | None, dict[int, int], int]:
     """(last committed batch C of the stopped query or None, Kafka offsets after C, the watermark
     for the batch after C in ms of event time (`nextBatchWatermarkMs` of `commits/C`, 0 without))."""
     from keyshift.processing.spark_checkpoint import committed_batches
@@ -50,7 +46,7 @@ def read_cut(checkpoint: Path, topic: str) -> tuple[int | None, dict[int, int], 
     ids, offsets = committed_batches(checkpoint, topic)
     if not ids:
         return None, {}, 0
-    text = (checkpoint / "commits" / str(ids[-1])).read_text().splitlines()
+    text = CheckpointFiles(checkpoint).read_text(f"commits/{ids[-1]}").splitlines()
     meta = json.loads(text[1]) if len(text) > 1 else {}
     return ids[-1], offsets, int(meta.get("nextBatchWatermarkMs", 0))
 
@@ -88,7 +84,7 @@ def migrate(
     topic = old.topic
     number = switch_number(segments, record)
     record.stop_requested_at = stop_requested_at
-    old_checkpoint = run_dir / old.checkpoint
+    old_checkpoint = RunDir(run_dir).checkpoint(old.checkpoint)
     cut, offsets, floor = read_cut(old_checkpoint, topic)
     started = time.monotonic()
     if cut is None:
@@ -130,7 +126,7 @@ def migrate(
         start.setdefault(partition, beginning)  # a partition added for a larger P starts at its beginning
     learned = record.strategy_to not in ("hash", "modulo")
     segment = Segment(
-        index=index, checkpoint=RunDir.checkpoint_name(index), strategy=record.strategy_to, partitions=partitions,
+        index=index, checkpoint=sibling(old.checkpoint, RunDir.checkpoint_name(index)), strategy=record.strategy_to, partitions=partitions,
         stateful_partitions=stateful_partitions, epoch=int(record.epoch_to),
         assignment={k: int(v) for k, v in record.mapping.items()} if learned else None,
         split={k: list(v) for k, v in (record.split or {}).items()} or None, topic=topic,
@@ -279,7 +275,7 @@ def verify_and_finish(
         return tuple(stateful_partition_of_slot(slot, partitions, stateful_partitions) for slot in split.get(key) or (slot_of(key),))
 
     t = time.monotonic()
-    placement = verify_placement(spark, run_dir / segment.checkpoint, variables, slots_of, batch_id=0)
+    placement = verify_placement(spark, RunDir(run_dir).checkpoint(segment.checkpoint), variables, slots_of, batch_id=0)
     conserved = conservation() if conservation is not None else None
     if not placement["ok"]:
         control.conclude(record, "failed", error=f"state on the wrong slot: {placement['misplaced']}", verify=placement)

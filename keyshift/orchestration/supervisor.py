@@ -196,8 +196,10 @@ def spec_path(run_home: Path) -> Path:
 
 def has_checkpoint(run_home: Path) -> bool:
     """Whether the run has a checkpoint to resume from: the driver's own rule for `--resume`
-    (`runs/<run_id>/checkpoint/offsets` exists, written when its query starts)."""
-    return (RunDir(run_home).checkpoint() / "offsets").exists()
+    (`keyshift.processing.job_record.has_checkpoint`)."""
+    from keyshift.processing.job_record import has_checkpoint as resumable
+
+    return resumable(run_home)
 
 
 def restart_history(record: dict[str, str]) -> list[dict[str, Any]]:

@@ -247,6 +247,10 @@ def recorded_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+TOP_OPTIONS = ("job", "window_ms", "redis_url", "checkpoint_location")
+"""`JobConfig`'s settings outside the groups."""
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """What one run of a keyed window job does (the flight delay job by default).
@@ -258,6 +262,9 @@ class JobConfig:
             key-window job, whose slide is the spec's `slide_ms`).
         redis_url: where executors ask the store's atomic assign for keys the assignment lacks,
             and read a `key_lookup` spec's map; None: the settings' Redis.
+        checkpoint_location: the Hadoop URI or path under which the run's Spark checkpoints are
+            kept (`<location>/<run_id>/checkpoint`, `.../checkpoint-1` after a switch); None: in
+            the run's folder (`keyshift.checkpoint_files`).
         placement: `PlacementConfig`. event_time: `EventTimeConfig`. exchange: `ExchangeConfig`.
         input: `InputConfig`.
     """
@@ -266,6 +273,7 @@ class JobConfig:
     job: str = "flight_delays"
     window_ms: int = HOUR_MS
     redis_url: str | None = None
+    checkpoint_location: str | None = None
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     event_time: EventTimeConfig = field(default_factory=EventTimeConfig)
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
@@ -274,7 +282,7 @@ class JobConfig:
     @classmethod
     def from_options(cls, run_id: str, **options: Any) -> "JobConfig":
         """A config from flat options (the CLI's names, `OPTION_GROUPS`), each put in its group;
-        `job`, `window_ms` and `redis_url` stay at the top. Options left out keep their defaults.
+        `TOP_OPTIONS` stay at the top. Options left out keep their defaults.
 
         Raises:
             ConfigurationError: an option name that is not a `JobConfig` setting.
@@ -285,11 +293,11 @@ class JobConfig:
             if name in OPTION_GROUPS:
                 group, attribute = OPTION_GROUPS[name]
                 groups[group][attribute] = value
-            elif name in ("job", "window_ms", "redis_url"):
+            elif name in TOP_OPTIONS:
                 top[name] = value
             else:
                 raise ConfigurationError(f"{name!r} is not a job setting; use one of {', '.join(sorted(OPTION_GROUPS))}, "
-                                         "job, window_ms, redis_url")
+                                         f"{', '.join(TOP_OPTIONS)}")
         return cls(run_id=run_id, **top, **{name: _GROUPS[name](**values) for name, values in groups.items()})
 
     @classmethod
@@ -303,7 +311,7 @@ class JobConfig:
         """
         try:
             flat = recorded_options(raw)
-            options = {k: v for k, v in flat.items() if k in OPTION_GROUPS or k in ("job", "window_ms", "redis_url")}
+            options = {k: v for k, v in flat.items() if k in OPTION_GROUPS or k in TOP_OPTIONS}
             if options.get("end_offsets") is not None:
                 options["end_offsets"] = {int(p): int(o) for p, o in options["end_offsets"].items()}
             if options.get("split") is not None:
@@ -313,7 +321,7 @@ class JobConfig:
             raise ConfigurationError(f"a job config is malformed ({type(exc).__name__}: {exc}): {dict(raw)}") from exc
 
     def as_json(self) -> dict[str, Any]:
-        """The config as a job record stores it: `run_id`, `job`, `window_ms`, `redis_url` and
+        """The config as a job record stores it: `run_id`, `TOP_OPTIONS` and
         one object per group (`placement`, `event_time`, `exchange`, `input`)."""
         return asdict(self)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from keyshift.checkpoint_files import checkpoint_name
 from keyshift.names import RunDir
 from keyshift.placement.tokens import slot_tokens
 from keyshift.processing.job_config import JobConfig
@@ -40,7 +41,6 @@ from keyshift.processing.operators.ingest import (
 from keyshift.processing.operators.exchange import parse_emit
 from keyshift.processing.operators.local_merge import partial_schema, partials_function
 from keyshift.processing.operators.processor import KeyedWindowProcessor, output_schema
-from keyshift.processing.spark_checkpoint import checkpoint_name
 
 def default_checkpoint_dir(run_id: str) -> Path:
     """`runs/<run_id>/checkpoint` under the default settings' runs folder, where

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 
+from keyshift.checkpoint_files import is_uri, join
 from keyshift.errors import ConfigurationError
 from keyshift.names import RunDir
 from keyshift.processing.job_config import JobConfig, PlacementConfig
@@ -38,7 +39,9 @@ class Segment:
 
     Attributes:
         index: 0 for the run's first query, then one more per switch.
-        checkpoint: the query's checkpoint folder under the run (`RunDir.checkpoint_name(index)`).
+        checkpoint: the query's checkpoint: a folder name under the run (`RunDir.checkpoint_name(index)`),
+            or its full location (a Hadoop URI) when the run keeps its checkpoints elsewhere
+            (`JobConfig.checkpoint_location`); `RunDir.checkpoint` resolves either.
         strategy: the placement strategy's name. partitions: P, the slots. epoch: the strategy's
             epoch. assignment: a learned strategy's key -> slot (None for hash, modulo).
         stateful_partitions: S, the query's `spark.sql.shuffle.partitions`; None in records from
@@ -220,13 +223,31 @@ def save_job_record(
 
 
 def first_segment(config: JobConfig, start: dict[int, int]) -> Segment:
-    """The run's first segment (`Segment`): its first query, checkpoint `checkpoint`, batch base 0."""
+    """The run's first segment (`Segment`): its first query, checkpoint `checkpoint` (under
+    `config.checkpoint_location` when set), batch base 0."""
+    name = RunDir.checkpoint_name(0)
     return Segment(
-        index=0, checkpoint=RunDir.checkpoint_name(0), strategy=config.placement.strategy, partitions=config.placement.partitions,
+        index=0, checkpoint=str(join(config.checkpoint_location, config.run_id, name)) if config.checkpoint_location else name, strategy=config.placement.strategy, partitions=config.placement.partitions,
         stateful_partitions=config.placement.stateful_partitions, epoch=config.placement.epoch, assignment=config.placement.assignment,
         split={k: list(v) for k, v in (config.placement.split or {}).items()} or None, topic=config.input.topic,
         start_offsets=dict(start), batch_base=0,
     )
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether run `run_dir` has a checkpoint to resume from (its first query started): its
+    offset log exists, in the run folder; for a run whose checkpoints are elsewhere (a Hadoop
+    URI, read only by a driver with a SparkSession), its job record names that location (the
+    driver writes it just before it starts Spark and the query)."""
+    run = RunDir(run_dir)
+    if (run.checkpoint() / "offsets").exists():
+        return True
+    try:
+        raw = json.loads(run.job_record.read_text())
+    except (OSError, ValueError):
+        return False
+    segments = raw.get("segments") or []
+    return bool(segments) and is_uri(str(segments[0].get("checkpoint", "")))
 
 
 def load_segments(run_dir: Path) -> list[Segment]:

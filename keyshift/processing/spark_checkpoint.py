@@ -1,7 +1,9 @@
 """Reading a run's Spark checkpoint from the driver: committed and planned batches, offsets, state.
 
 The offset and commit logs (`offsets/<b>`, `commits/<b>`) and the state store, read the way Spark
-writes them. Split out of `keyshift.runtime.driver`.
+writes them, through `keyshift.checkpoint_files.CheckpointFiles` (a local folder or a Hadoop URI;
+the state with Spark's state data source). A checkpoint is a `Path` or a URI string.
+Split out of `keyshift.runtime.driver`.
 """
 
 from __future__ import annotations
@@ -12,19 +14,15 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from keyshift.checkpoint_files import CheckpointFiles
+
 from keyshift.processing.operators.processor import PENDING_STATE_NAME, unpack_pending
 
 
 log = logging.getLogger(__name__)
 
 
-def checkpoint_name(location: str | Path) -> str:
-    """The last name of a checkpoint location, a path or a Hadoop URI
-    (`s3a://bucket/runs/r/checkpoint-0` and `runs/r/checkpoint-0` -> `checkpoint-0`)."""
-    return str(location).rstrip("/").rsplit("/", 1)[-1]
-
-
-def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None = None, aggregates: int = 2) -> int:
+def pending_events(spark: SparkSession, checkpoint: Path | str, batch_id: int | None = None, aggregates: int = 2) -> int:
     """Events held in open windows in the run's state at its last committed batch (or `batch_id`).
 
     Read with Spark's state data source (`statestore`, state variable `pending_windows`), so
@@ -40,11 +38,11 @@ def pending_events(spark: SparkSession, checkpoint: Path, batch_id: int | None =
     return int(sum(unpack_pending(blob, aggregates)[1].sum() for blob in partials))
 
 
-def read_state_variable(spark: SparkSession, checkpoint: Path, name: str, batch_id: int | None = None):
+def read_state_variable(spark: SparkSession, checkpoint: Path | str, name: str, batch_id: int | None = None):
     """One state variable of a query's checkpoint, read with Spark's state data source at its last
     committed batch (or `batch_id`): a DataFrame (MapState flattened to `key`/`user_map_key`/
     `user_map_value` rows), or None when the query committed no batch."""
-    if not (checkpoint / "commits").exists() or not any((checkpoint / "commits").iterdir()):
+    if not CheckpointFiles(checkpoint, spark).names("commits"):
         return None
     spark.streams.active  # noqa: B018 - creates the state store coordinator the reader's tasks ask for
     reader = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", name)
@@ -53,36 +51,36 @@ def read_state_variable(spark: SparkSession, checkpoint: Path, name: str, batch_
     return reader.load()
 
 
-def committed_batches(checkpoint: Path, topic: str) -> tuple[list[int], dict[int, int]]:
+def committed_batches(checkpoint: Path | str, topic: str) -> tuple[list[int], dict[int, int]]:
     """The batch ids Spark committed in `checkpoint`, and the Kafka offsets of `topic` after the
     last of them (partition -> next offset to read); ([], {}) for a checkpoint without commits.
 
     Read from Spark's checkpoint files: `commits/<id>` exists once batch id is committed, and
     `offsets/<id>` holds, after a version line and the batch metadata, one JSON line per source.
     """
-    commits = checkpoint / "commits"
-    ids = sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.exists() else []
+    files = CheckpointFiles(checkpoint)
+    ids = sorted(int(name) for name in files.names("commits") if name.isdigit())
     if not ids:
         return [], {}
-    for line in (checkpoint / "offsets" / str(ids[-1])).read_text().splitlines()[2:]:
+    for line in files.read_text(f"offsets/{ids[-1]}").splitlines()[2:]:
         offsets = json.loads(line) if line.startswith("{") else {}
         if topic in offsets:
             return ids, {int(p): int(o) for p, o in offsets[topic].items()}
     return ids, {}
 
 
-def planned_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
+def planned_offsets(checkpoint: Path | str, topic: str) -> dict[int, int]:
     """The Kafka offsets of `topic` at the end of the newest micro-batch Spark has planned in
     `checkpoint` (partition -> first offset past it), committed or not; {} before the first.
 
     Spark writes `offsets/<id>` when it plans batch id, before running it, and never reads past
     those offsets in that batch; so a record written at or past them is read by a later batch.
     """
-    offsets_dir = checkpoint / "offsets"
-    ids = sorted((int(p.name) for p in offsets_dir.iterdir() if p.name.isdigit()), reverse=True) if offsets_dir.exists() else []
+    files = CheckpointFiles(checkpoint)
+    ids = sorted((int(name) for name in files.names("offsets") if name.isdigit()), reverse=True)
     for batch_id in ids[:1]:
         try:
-            lines = (offsets_dir / str(batch_id)).read_text().splitlines()[2:]
+            lines = files.read_text(f"offsets/{batch_id}").splitlines()[2:]
         except OSError:  # being written: the next look finds it
             return {}
         for line in lines:

@@ -34,6 +34,7 @@ from keyshift.console import STEP, EventsBar
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.key_windows import SlidingWindow
 from keyshift.kafka_clients import client_options
+from keyshift.checkpoint_files import CheckpointFiles
 from keyshift.eventtime.batch_channel import BatchChannel
 from keyshift.processing.job_query import job_stream
 from keyshift.processing.job_config import LEARNED_STRATEGIES, JobConfig, check_job_strategy
@@ -55,7 +56,7 @@ from keyshift.runtime.driver_switch import (
 )
 from keyshift.migration.switch_record import SwitchRecord
 from keyshift.processing.job_record import (
-    Segment, load_job_record, load_segments, save_job_record
+    Segment, has_checkpoint, load_job_record, load_segments, save_job_record
 )
 from keyshift.processing.sources.kafka_input import (
     InputEnd, concrete_offsets, covers, ensure_side_output_topics, input_reached, kafka_offsets, marker_room, read_kafka,
@@ -129,17 +130,18 @@ def run_job(
     from keyshift.stack import require
 
     run_dir = settings.runs_dir / config.run_id
-    checkpoint = RunDir(run_dir).checkpoint()
-    has_checkpoint = (checkpoint / "offsets").exists()
-    if resume and not has_checkpoint:
-        raise ConfigurationError(f"run {config.run_id!r} has no checkpoint at {checkpoint} to resume from; start it without --resume")
-    if not resume and has_checkpoint:
+    resumable = has_checkpoint(run_dir)
+    if resume and not resumable:
+        raise ConfigurationError(f"run {config.run_id!r} has no checkpoint to resume from (no {RunDir(run_dir).checkpoint()} and no "
+                                 "job record naming one elsewhere); start it without --resume")
+    if not resume and resumable:
         raise ConfigurationError(
-            f"run {config.run_id!r} already has a checkpoint at {checkpoint}; resume it with --resume {config.run_id}"
-            " or choose another --run-id"
+            f"run {config.run_id!r} already has a checkpoint; resume it with --resume {config.run_id} or choose another --run-id"
         )
     if resume:
         config, start, replay = load_job_record(run_dir)
+    elif config.checkpoint_location is None and settings.checkpoint_location:
+        config = replace(config, checkpoint_location=settings.checkpoint_location)
     check_job_strategy(config.placement.strategy)
     config.check_exchange()
     require(settings, "kafka", "redis")  # one line naming the fix, before anything starts
@@ -316,7 +318,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
             from keyshift.processing.operators.global_merge import GlobalMergeSink
 
             state = _global_merge_state(settings, config)
-            if not (checkpoint / "offsets").exists():
+            if not CheckpointFiles(checkpoint, spark).exists("offsets"):
                 state.clear()  # a new run: nothing of an earlier run under this id may count
             batch_function = GlobalMergeSink(sink, state, settings.redis_url, checkpoint, config.event_time.policy.spark_delay_ms,
                                              seg_config.window_ms, slot_tokens(seg_config.placement.partitions, seg_config.placement.stateful_partitions),

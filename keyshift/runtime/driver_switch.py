@@ -19,6 +19,8 @@ from keyshift.processing.job_record import Segment
 from keyshift.processing.failpoints import FAILPOINT_ENV, armed
 from keyshift.processing.outputs.sinks import KeyedWindowSink
 from keyshift.processing.sources.kafka_input import covers, input_reached, marker_room
+from keyshift.checkpoint_files import CheckpointFiles
+from keyshift.names import RunDir
 from keyshift.processing.spark_checkpoint import committed_batches, pending_events, planned_offsets
 
 
@@ -53,8 +55,8 @@ def conservation_check(spark, run_dir: Path, segments: list[Segment], sink: Keye
         first = new.batch_base
         held = sink.pieces.held_events if sink.pieces is not None else (lambda batch_id: 0)
         aggregates = len(sink.spec.aggregates)
-        before = pending_events(spark, run_dir / old.checkpoint, aggregates=aggregates) + held(first - 1)
-        after = pending_events(spark, run_dir / new.checkpoint, batch_id=0, aggregates=aggregates) + held(first)
+        before = pending_events(spark, RunDir(run_dir).checkpoint(old.checkpoint), aggregates=aggregates) + held(first - 1)
+        after = pending_events(spark, RunDir(run_dir).checkpoint(new.checkpoint), batch_id=0, aggregates=aggregates) + held(first)
         batch = next((b for b in sink.ledger.batches() if b.batch_id == new.batch_base), None)
         processed = batch.processed_events if batch else 0
         accounted = batch.accounted_events if batch else 0
@@ -117,7 +119,7 @@ def settle_switch_at_stop(control, switching: SwitchRecord, checkpoint: Path, co
         log.info("run %s: stopped after switch %s's new query committed its first batch; verifying the switch",
                  config.run_id, record.switch_id, extra=STEP)
         # the pause (the cost_aware trigger's migration cost) ends at that commit, not at the stop
-        finish_switch(record, (checkpoint / "commits" / str(committed[0])).stat().st_mtime)
+        finish_switch(record, CheckpointFiles(checkpoint).modified_s(f"commits/{committed[0]}"))
     except redis.RedisError as exc:
         log.warning("run %s: switch %s not verified at the stop (Redis: %s); it completes when the run resumes",
                     config.run_id, switching.switch_id, exc)

@@ -33,6 +33,10 @@ def job_options(function):
                      help="The job spec to run (default flight_delays): flight_delays (tumbling windows, alerts), "
                           "flight_delays_sliding (1 h windows every minute, as key windows) or ysb (views per campaign per 10 s)."),
         click.option("--run-id", default=None, help="Run id; default fd-<UTC time>-<hex>. Names runs/<run_id>/."),
+        click.option("--checkpoint-location", default=None, metavar="URI",
+                     help="Where the run keeps its Spark checkpoints, under <URI>/<run_id>/: a Hadoop URI every executor and a "
+                          "restarted driver reach (hdfs://namenode:8020/keyshift/checkpoints, s3a://bucket/keyshift) or a path. "
+                          "Default: KEYSHIFT_CHECKPOINT_LOCATION, else the run's folder. A resumed run keeps its own."),
         click.option("--strategy", type=click.Choice(JOB_STRATEGIES), default="hash", help="Placement strategy of keys to slots."),
         click.option("--partitions", type=click.IntRange(min=1), default=DEFAULT_PARTITIONS, help="P slots = topic partitions."),
         click.option("--max-stateful-partitions", type=click.IntRange(min=1), default=None,
@@ -119,6 +123,7 @@ def run_from_options(*, driver_log: bool = False, progress: bool = False, **opti
         run_id=options["run_id"] or new_run_id(),
         job=spec.name,
         window_ms=options["window_ms"] or spec.window_ms,
+        checkpoint_location=options.get("checkpoint_location"),
         placement=PlacementConfig(strategy=options["strategy"], partitions=options["partitions"],
                                   max_stateful_partitions=options.get("max_stateful_partitions"), epoch=options["epoch"]),
         event_time=EventTimeConfig(

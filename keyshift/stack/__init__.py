@@ -28,10 +28,11 @@ log = logging.getLogger("keyshift.stack")
 
 SERVICES = ("redis", "kafka", "airflow")
 """The services `keyshift stack up` starts, in start order (Airflow, the slowest, last)."""
-CLUSTER_SERVICES = ("spark",)
-"""Services started only when asked for (`keyshift stack up --cluster`, or `--only spark`): a
-Spark standalone master and workers (`keyshift.stack.spark_cluster`)."""
-START_ORDER = ("redis", "kafka", "spark", "airflow")
+CLUSTER_SERVICES = ("hdfs", "spark")
+"""Services started only when asked for (`keyshift stack up --cluster`, or `--only hdfs,spark`): an
+HDFS for checkpoints (`keyshift.stack.hdfs`) and a Spark standalone master and workers
+(`keyshift.stack.spark_cluster`)."""
+START_ORDER = ("redis", "kafka", "hdfs", "spark", "airflow")
 """Every service in start order."""
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds `up` waits for each service to become healthy, counted from its start."""
@@ -43,9 +44,9 @@ def service_module(name: str) -> ModuleType:
     Raises:
         ConfigurationError: for a name not in SERVICES.
     """
-    from keyshift.stack import airflow, kafka, redis, spark_cluster
+    from keyshift.stack import airflow, hdfs, kafka, redis, spark_cluster
 
-    modules = {"kafka": kafka, "redis": redis, "airflow": airflow, "spark": spark_cluster}
+    modules = {"kafka": kafka, "redis": redis, "airflow": airflow, "hdfs": hdfs, "spark": spark_cluster}
     if name not in modules:
         raise ConfigurationError(f"unknown service {name!r}; choose from {', '.join(START_ORDER)}")
     return modules[name]
@@ -203,6 +204,11 @@ def require(settings: Settings, *names: str) -> None:
             if not spark_cluster.is_healthy(settings):
                 raise StackError(f"no Spark master with {settings.spark_workers} worker(s) answers at "
                                  f"{spark_cluster.master_url(settings)}; start it with `keyshift stack up --cluster`")
+        elif name == "hdfs":
+            from keyshift.stack import hdfs
+
+            if not hdfs.is_healthy(settings):
+                raise StackError(f"no HDFS answers at {hdfs.url(settings)}; start it with `keyshift stack up --only hdfs`")
         else:
             from keyshift.stack import airflow
 
@@ -215,7 +221,8 @@ def require(settings: Settings, *names: str) -> None:
 def status(settings: Settings, only: Iterable[str] | str | None = None) -> list[ServiceStatus]:
     """The state, address and processes of each selected service, in start order; with `only`
     None, the cluster services when any of their processes has a pid file."""
-    from keyshift.stack import process, spark_cluster
+    from keyshift.stack import hdfs, process, spark_cluster
 
-    running_cluster = only is None and process.read_record(settings.home, spark_cluster.MASTER) is not None
+    running_cluster = only is None and any(process.read_record(settings.home, name) is not None
+                                           for name in (spark_cluster.MASTER, hdfs.NAME))
     return [service_module(name).status(settings) for name in select(only, cluster=running_cluster)]

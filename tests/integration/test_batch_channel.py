@@ -20,7 +20,7 @@ def channel(stack_settings):
     run_id = f"it-channel-{uuid.uuid4().hex[:6]}"
     channel = BatchChannel(stack_settings.redis_url, run_id)
     yield channel
-    for key in channel.client.scan_iter(f"*:run:{run_id}:*"):
+    for key in channel.client.scan_iter(f"*:batch:{run_id}:*"):
         channel.client.delete(key)
 
 

@@ -25,9 +25,9 @@ def test_select(only, expected):
     assert stack.select(only) == expected
 
 
-def test_the_spark_cluster_is_started_only_when_asked_for():
-    assert "spark" not in stack.select(None)
-    assert stack.select(None, cluster=True) == ("redis", "kafka", "spark", "airflow")
+def test_the_spark_cluster_and_hdfs_are_started_only_when_asked_for():
+    assert "spark" not in stack.select(None) and "hdfs" not in stack.select(None)
+    assert stack.select(None, cluster=True) == ("redis", "kafka", "hdfs", "spark", "airflow")
     assert stack.select("kafka", cluster=True) == ("kafka",)  # --only wins
 
 
@@ -73,3 +73,15 @@ def test_up_rejects_a_timeout_below_one_second():
     result = CliRunner().invoke(command, ["up", "--timeout", "0"])
     assert result.exit_code != 0
     assert "--timeout" in result.output
+
+
+def test_the_hdfs_process_takes_its_port_and_fixed_heap(tmp_path, monkeypatch):
+    from keyshift.settings import Settings
+    from keyshift.stack import hdfs
+
+    monkeypatch.setattr(hdfs, "classpath", lambda settings: "CP")
+    settings = Settings(home=tmp_path, hdfs_port=28020)
+    argv = hdfs.argv(settings)
+    assert argv[0] == "java" and "-Xmx256m" in argv and argv[argv.index("-cp") + 1] == "CP"
+    assert argv[-4:] == ["MiniHdfs", str(tmp_path / "hdfs" / "data"), "28020", str(tmp_path / "hdfs" / "ready")]
+    assert hdfs.url(settings) == "hdfs://127.0.0.1:28020"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from keyshift.checkpoint_files import checkpoint_name
 from keyshift.eventtime.batch_channel import BatchChannel
 from keyshift.eventtime.partition_clocks import PartitionClockStore, listed_partitions
 from keyshift.eventtime.plausibility import read_batch_reference
@@ -31,8 +32,9 @@ class ClockedBatches:
     Args:
         inner: the job's `foreachBatch` function, `(DataFrame, query batch id) -> None`.
         run_dir: `runs/<run_id>/` (the clocks live in its `partition-clocks/`).
-        checkpoint: the query's checkpoint folder (its offset log lists the input's partitions;
-            its name tags the ingest tasks' reports).
+        checkpoint: the query's checkpoint location, a path or a Hadoop URI (its offset log lists
+            the input's partitions and gives the batch's watermark; its last name tags the ingest
+            tasks' reports).
         batch_base: the run-wide id of the query's batch 0.
         idle_timeout_s: seconds of processing time after which a partition without records is idle.
         end_offsets: returns a bounded run's input end (partition -> first offset past it) as the
@@ -48,7 +50,7 @@ class ClockedBatches:
         self.end_offsets = end_offsets
         self.channel = channel
         self.store = PartitionClockStore(run_dir)
-        self.checkpoint = Path(checkpoint)
+        self.checkpoint = checkpoint
         self.batch_base = int(batch_base)
         self.idle_timeout_ms = int(round(float(idle_timeout_s) * 1000))
 
@@ -71,7 +73,7 @@ class ClockedBatches:
             log.info("batch %d: partitions %s idle (no records for more than %.0f s): left out of the watermark until their "
                      "next record", batch_id, idle, self.idle_timeout_ms / 1000)
         self.inner(batch, query_batch_id)
-        query = self.checkpoint.name
+        query = checkpoint_name(self.checkpoint)
         self.store.seal(batch_id, query, self.channel.reports(batch_id, query))
         if batch_id > self.batch_base:
             self.channel.forget(batch_id - 1, query)

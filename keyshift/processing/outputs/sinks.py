@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
+from keyshift.checkpoint_files import CheckpointFiles
 from keyshift.errors import JobError
 from keyshift.processing.failpoints import failpoint, hold, hold_here
 from keyshift.processing.outputs.ledger import BatchCounts, RunLedger, run_totals
@@ -145,7 +146,7 @@ def stop_at_batch_boundary(query, sink: "KeyedWindowSink", checkpoint: Path, tim
         if query.exception() is not None and not query.isActive:
             break  # it stopped on the barrier (or failed: the cut is read from the checkpoint all the same)
         last = sink.last_query_batch
-        if not sink.in_flight and (last is None or (Path(checkpoint) / "commits" / str(last)).exists()):
+        if not sink.in_flight and (last is None or CheckpointFiles(checkpoint).exists(f"commits/{last}")):
             break
         if time.monotonic() > deadline:
             raise JobError(f"the batch in the sink was not committed within {timeout_s:.0f} s; the query cannot stop at a batch boundary")
