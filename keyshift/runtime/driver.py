@@ -129,7 +129,7 @@ def run_job(
     """
     from keyshift.stack import require
 
-    run_dir = settings.runs_dir / config.run_id
+    run_dir = (settings.runs_dir / config.run_id).absolute()  # the JVM may run in another folder (session._driver_folder)
     resumable = has_checkpoint(run_dir)
     if resume and not resumable:
         raise ConfigurationError(f"run {config.run_id!r} has no checkpoint to resume from (no {RunDir(run_dir).checkpoint()} and no "

@@ -158,6 +158,31 @@ def build_spark_session(
     return spark
 
 
+def _driver_folder(conf: dict[str, str]) -> dict[str, str]:
+    """`{"cwd": folder}` for the driver JVM when `spark.pyspark.python` is a path relative to the
+    working directory (a cluster's packed environment, `./environment/bin/python`,
+    `keyshift.stack.executor_env`); else {}.
+
+    Executors find that path in their work folder, where Spark unpacked `spark.archives`. But
+    Spark runs Python on the driver too, with the same interpreter setting (transformWithState
+    initialises its processor in a Python process of the driver while it plans a query), and
+    there the path means nothing. So the JVM starts in a folder of its own whose `environment`
+    links to this interpreter's environment (`sys.prefix`): the same relative path then names
+    this venv's Python on the driver and the shipped one on the executors. Paths keyshift hands
+    the JVM are absolute, so its working directory changes nothing else.
+    """
+    python = conf.get("spark.pyspark.python", "")
+    if not python or os.path.isabs(python):
+        return {}
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="keyshift-driver-"))
+    top = Path(python).parts[0] if Path(python).parts[0] != "." else Path(python).parts[1]
+    (folder / top).symlink_to(Path(sys.prefix), target_is_directory=True)
+    log.info("driver JVM in %s (%s -> %s), so that %s runs on the driver too", folder, top, sys.prefix, python)
+    return {"cwd": str(folder)}
+
+
 def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, str]) -> bool:
     """Start the driver JVM in a session (process group) of its own and make the SparkContext
     with `conf` on it. Returns False (nothing started) when a JVM exists already (under
@@ -188,10 +213,11 @@ def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, 
         log.info("the driver JVM runs already; its output goes where it went (not to %s)", output)
         return False
     settings = dict(conf)
+    popen = {"start_new_session": True, **_driver_folder(conf)}
     if output is None:
         spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
         try:
-            gateway = launch_gateway(spark_conf, popen_kwargs={"start_new_session": True})
+            gateway = launch_gateway(spark_conf, popen_kwargs=popen)
         except PySparkRuntimeError as exc:
             raise StackError(f"the Spark driver JVM exited while starting ({exc}); its output is above") from exc
         SparkContext(conf=spark_conf, gateway=gateway)
@@ -203,7 +229,7 @@ def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, 
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("ab") as jvm_stderr:
         try:
-            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": 2, "stderr": jvm_stderr, "start_new_session": True})
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": 2, "stderr": jvm_stderr, **popen})
         except PySparkRuntimeError as exc:
             raise StackError(f"the Spark driver JVM exited while starting ({exc}); its output is in {output}") from exc
     SparkContext(conf=spark_conf, gateway=gateway)

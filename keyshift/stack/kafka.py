@@ -460,14 +460,19 @@ def wait_healthy(settings: Settings, *, timeout_s: float) -> float:
 
 def stop(settings: Settings) -> bool:
     """Stop the broker(s) keyshift started (a controlled shutdown; SIGKILL after 60 s), the
-    single node's and a cluster's alike.
+    single node's and a cluster's alike. A cluster's nodes are stopped together: stopped one
+    after another, the last ones lose the KRaft quorum their controlled shutdown waits for, and
+    hang until the SIGKILL.
 
     Returns:
         True when a running broker was stopped.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     run = process.run_dir(settings.home)
     names = sorted({NAME} | {p.stem for p in run.glob(f"{NAME}-*.pid")} if run.exists() else {NAME}, reverse=True)
-    return any([process.stop(settings.home, name, timeout_s=60.0) for name in names])
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        return any(list(pool.map(lambda name: process.stop(settings.home, name, timeout_s=60.0), names)))
 
 
 def status(settings: Settings) -> ServiceStatus:

@@ -4,13 +4,12 @@ ports of their own), the workers' Python a bare interpreter, every checkpoint on
 
 - The Kafka cluster: all three brokers registered, keyshift's topics created with replication
   factor 3 and `min.insync.replicas` 2.
-- The flight delay job submitted to the standalone master from `keyshift job run`: its executors
-  run the packed environment (`keyshift package`: venv-pack of the executor dependencies) and the
-  shipped code, not this venv; the windows equal pandas' and the run reconciles; its checkpoint
-  is on HDFS (`KEYSHIFT_CHECKPOINT_LOCATION=hdfs://...`), none in the run folder.
-- A run on the cluster killed (`kill -9` of the driver's process group) mid-run, resumed from its
-  HDFS checkpoint, then switched to least_count inside the driver (the state reader and the new
-  query's initial state on HDFS): the windows equal pandas'.
+- The flight delay job submitted to the standalone master from `keyshift job run`, its
+  checkpoints on HDFS (`KEYSHIFT_CHECKPOINT_LOCATION=hdfs://...`, none in the run folder), killed
+  (`kill -9`) mid-run, resumed from its HDFS checkpoint, then switched to least_count inside the
+  driver (the state reader on HDFS): the windows equal pandas' and the run reconciles. Its
+  executors ran the packed environment (`keyshift package`: venv-pack of the executor
+  dependencies) and the shipped code, not this venv.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-FLIGHTS = 20_000
 PARTITIONS = 4
 KEYSHIFT = str(Path(sys.executable).parent / "keyshift")
 PORTS = {"kafka_port": 29092, "kafka_controller_port": 29093, "spark_master_port": 17077, "spark_master_ui_port": 18091,
@@ -105,32 +103,16 @@ def _assert_equals_pandas(cluster, run_id: str, flights: int) -> dict:
     return summary
 
 
-def test_the_flight_job_on_the_standalone_cluster_ships_its_python_and_equals_pandas(cluster, spark):
+def test_a_run_on_the_cluster_killed_resumed_and_switched_equals_pandas(cluster, spark, tmp_path):
+    """The flight job on the standalone cluster, its checkpoints on HDFS: killed (`kill -9` of the
+    driver's process group) after 3 batches, resumed from its HDFS checkpoint, switched to
+    least_count inside the driver after 5 (the state read from HDFS, the new query's checkpoint
+    beside the old one): windows equal to pandas; its executors ran the shipped environment."""
     from keyshift.checkpoint_files import CheckpointFiles
-
-    topic = _flights_topic(cluster, FLIGHTS)
-    run_id = f"{topic}-run"
-    done = subprocess.run(_job(topic, run_id, FLIGHTS, 10_000), env=_environment(cluster), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    _assert_equals_pandas(cluster, run_id, FLIGHTS)
-    # the checkpoint is on HDFS, read through Hadoop's FileSystem; the run folder holds none
-    run_dir = cluster.runs_dir / run_id
-    checkpoint = json.loads((run_dir / "job.json").read_text())["segments"][0]["checkpoint"]
-    assert checkpoint == f"{CHECKPOINTS}/{run_id}/checkpoint"
-    files = CheckpointFiles(checkpoint, spark)
-    assert files.names("commits") and files.exists("offsets/0") and files.exists("state")
-    assert not (run_dir / "checkpoint").exists()
-    # the executors ran the packed environment the driver shipped, unpacked in their work folders
-    unpacked = list((cluster.home / "spark").glob("worker-*/app-*/*/environment/bin/python"))
-    code = list((cluster.home / "spark").glob("worker-*/app-*/*/keyshift_code/keyshift/__init__.py"))
-    assert unpacked and code, sorted(str(p) for p in (cluster.home / "spark").rglob("*"))[:50]
-
-
-def test_a_run_killed_on_the_cluster_resumes_from_hdfs_and_switches_in_the_driver(cluster, tmp_path):
     from keyshift.migration.switch import request_switch
     from tests.integration.flight_runs import batches_done, wait_for
 
-    flights = 60_000
+    flights = 40_000
     topic = _flights_topic(cluster, flights)
     run_id = f"{topic}-run"
     run_dir = cluster.runs_dir / run_id
@@ -150,3 +132,11 @@ def test_a_run_killed_on_the_cluster_resumes_from_hdfs_and_switches_in_the_drive
     assert summary["resumes"] >= 1 and len(summary["switches"]) == 1
     segments = json.loads((run_dir / "job.json").read_text())["segments"]
     assert [s["checkpoint"] for s in segments] == [f"{CHECKPOINTS}/{run_id}/checkpoint", f"{CHECKPOINTS}/{run_id}/checkpoint-1"]
+    for segment in segments:  # on HDFS, read through Hadoop's FileSystem; the run folder holds no checkpoint
+        files = CheckpointFiles(segment["checkpoint"], spark)
+        assert files.names("commits") and files.exists("offsets/0") and files.exists("state")
+    assert not list(run_dir.glob("checkpoint*"))
+    # the executors ran the packed environment the driver shipped, unpacked in their work folders
+    unpacked = list((cluster.home / "spark").glob("worker-*/app-*/*/environment/bin/python"))
+    code = list((cluster.home / "spark").glob("worker-*/app-*/*/keyshift_code/keyshift/__init__.py"))
+    assert unpacked and code, sorted(str(p) for p in (cluster.home / "spark").rglob("*"))[:50]
