@@ -44,11 +44,10 @@ def checkpoint_name(location: str | Path) -> str:
 
 
 def sibling(location: str, name: str) -> str:
-    """The location named `name` beside `location`: for a URI, its last name replaced; for a
-    name relative to the run folder (a segment's `checkpoint` field), `name` itself."""
-    if is_uri(location):
-        return f"{str(location).rstrip('/').rsplit('/', 1)[0]}/{name}"
-    return name
+    """The location named `name` beside `location` (a segment's `checkpoint` field): for a URI or
+    a path, its last name replaced; for a bare name (a folder of the run folder), `name` itself."""
+    text = str(location).rstrip("/")
+    return f"{text.rsplit('/', 1)[0]}/{name}" if "/" in text else name
 
 
 class CheckpointFiles:
@@ -78,19 +77,22 @@ class CheckpointFiles:
             self._jvm = jvm
             self._fs = jvm.org.apache.hadoop.fs.Path(str(location)).getFileSystem(session.sparkContext._jsc.hadoopConfiguration())
 
+    def _local(self, relative: str) -> Path:
+        return Path(join(self.location, *[p for p in relative.split("/") if p]))
+
     def _path(self, relative: str):
         return self._jvm.org.apache.hadoop.fs.Path(str(join(self.location, *[p for p in relative.split("/") if p])))
 
     def exists(self, relative: str = "") -> bool:
         """Whether `relative` (a `/`-separated path below the location; "" = the location) exists."""
         if self._fs is None:
-            return Path(join(self.location, *[p for p in relative.split("/") if p])).exists()
+            return self._local(relative).exists()
         return bool(self._fs.exists(self._path(relative)))
 
     def names(self, relative: str) -> list[str]:
         """The names in folder `relative` (files and folders, unsorted); [] when it does not exist."""
         if self._fs is None:
-            folder = Path(join(self.location, *[p for p in relative.split("/") if p]))
+            folder = self._local(relative)
             return [p.name for p in folder.iterdir()] if folder.is_dir() else []
         path = self._path(relative)
         if not self._fs.exists(path):
@@ -104,7 +106,7 @@ class CheckpointFiles:
             FileNotFoundError: it does not exist. OSError: it cannot be read.
         """
         if self._fs is None:
-            return Path(join(self.location, *[p for p in relative.split("/") if p])).read_text()
+            return self._local(relative).read_text()
         path = self._path(relative)
         if not self._fs.exists(path):
             raise FileNotFoundError(f"{join(self.location, relative)} does not exist")
@@ -123,7 +125,7 @@ class CheckpointFiles:
             FileNotFoundError: it does not exist.
         """
         if self._fs is None:
-            return Path(join(self.location, *[p for p in relative.split("/") if p])).stat().st_mtime
+            return self._local(relative).stat().st_mtime
         path = self._path(relative)
         if not self._fs.exists(path):
             raise FileNotFoundError(f"{join(self.location, relative)} does not exist")

@@ -235,19 +235,20 @@ def first_segment(config: JobConfig, start: dict[int, int]) -> Segment:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    """Whether run `run_dir` has a checkpoint to resume from (its first query started): its
-    offset log exists, in the run folder; for a run whose checkpoints are elsewhere (a Hadoop
-    URI, read only by a driver with a SparkSession), its job record names that location (the
-    driver writes it just before it starts Spark and the query)."""
+    """Whether run `run_dir` has a checkpoint to resume from (its first query started): the
+    offset log of its first checkpoint exists, in the run folder or at the local path its job
+    record names; for a run whose checkpoints are on a Hadoop FileSystem (read only by a driver
+    with a SparkSession), its job record names that location (the driver writes it just before it
+    starts Spark and the query)."""
     run = RunDir(run_dir)
-    if (run.checkpoint() / "offsets").exists():
-        return True
+    first = RunDir.checkpoint_name(0)
     try:
-        raw = json.loads(run.job_record.read_text())
-    except (OSError, ValueError):
-        return False
-    segments = raw.get("segments") or []
-    return bool(segments) and is_uri(str(segments[0].get("checkpoint", "")))
+        segments = json.loads(run.job_record.read_text()).get("segments") or []
+        first = str(segments[0]["checkpoint"]) if segments else first
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    location = run.checkpoint(first)
+    return is_uri(location) or (Path(location) / "offsets").exists()
 
 
 def load_segments(run_dir: Path) -> list[Segment]:

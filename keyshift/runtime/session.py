@@ -177,7 +177,7 @@ def _driver_folder(conf: dict[str, str]) -> dict[str, str]:
     import tempfile
 
     folder = Path(tempfile.mkdtemp(prefix="keyshift-driver-"))
-    top = Path(python).parts[0] if Path(python).parts[0] != "." else Path(python).parts[1]
+    top = Path(python).parts[0]  # Path drops a leading "./"
     (folder / top).symlink_to(Path(sys.prefix), target_is_directory=True)
     log.info("driver JVM in %s (%s -> %s), so that %s runs on the driver too", folder, top, sys.prefix, python)
     return {"cwd": str(folder)}

@@ -30,6 +30,28 @@ def test_names_of_checkpoints_and_their_siblings():
     assert checkpoint_name(Path("/runs/r/checkpoint")) == "checkpoint"
     assert sibling("hdfs://nn:8020/k/r/checkpoint", "checkpoint-1") == "hdfs://nn:8020/k/r/checkpoint-1"
     assert sibling("checkpoint", "checkpoint-1") == "checkpoint-1"  # a segment's name under its run folder
+    assert sibling("/data/checkpoints/r/checkpoint", "checkpoint-1") == "/data/checkpoints/r/checkpoint-1"  # a local location
+
+
+@pytest.mark.parametrize("where", ["run folder", "local location", "hdfs"])
+def test_a_run_is_resumable_once_its_first_checkpoint_has_an_offset_log(tmp_path, where):
+    import json
+
+    from keyshift.processing.job_record import has_checkpoint
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    assert not has_checkpoint(run_dir)
+    first = {"run folder": "checkpoint", "local location": str(tmp_path / "ck" / "r" / "checkpoint"),
+             "hdfs": "hdfs://127.0.0.1:8020/ck/r/checkpoint"}[where]
+    (run_dir / "job.json").write_text(json.dumps({"segments": [{"checkpoint": first}]}))
+    if where == "hdfs":  # read only by a driver with a SparkSession: the job record says the query started
+        assert has_checkpoint(run_dir)
+        return
+    assert not has_checkpoint(run_dir)
+    offsets = (run_dir / first if where == "run folder" else Path(first)) / "offsets"
+    offsets.mkdir(parents=True)
+    assert has_checkpoint(run_dir)
 
 
 def test_a_local_checkpoints_files(tmp_path):

@@ -142,11 +142,12 @@ def stop_at_batch_boundary(query, sink: "KeyedWindowSink", checkpoint: Path, tim
     """
     sink.close_barrier()
     deadline = time.monotonic() + timeout_s
+    files = CheckpointFiles(checkpoint)
     while True:
         if query.exception() is not None and not query.isActive:
             break  # it stopped on the barrier (or failed: the cut is read from the checkpoint all the same)
         last = sink.last_query_batch
-        if not sink.in_flight and (last is None or CheckpointFiles(checkpoint).exists(f"commits/{last}")):
+        if not sink.in_flight and (last is None or files.exists(f"commits/{last}")):
             break
         if time.monotonic() > deadline:
             raise JobError(f"the batch in the sink was not committed within {timeout_s:.0f} s; the query cannot stop at a batch boundary")
