@@ -76,6 +76,13 @@ class Settings(BaseSettings):
             (`keyshift.stack.executor_env`); None: the base interpreter's path.
         hdfs_port: the NameNode port of the cluster stack's HDFS (`keyshift.stack.hdfs`), which
             also takes the five ports after it.
+        s3_port: the port of the cluster stack's S3-compatible object store (`keyshift.stack.s3`).
+        s3_endpoint: the S3 endpoint that `s3a://` checkpoint locations use (Hadoop's
+            `fs.s3a.endpoint`, e.g. `http://127.0.0.1:9000` for the cluster stack's store, with
+            path-style access); None (the default): AWS's own endpoints for the bucket's region.
+        s3_access_key, s3_secret_key: S3A's credentials (`fs.s3a.access.key`/`secret.key`) when
+            both are set; None (the default): S3A's default provider chain (AWS_* environment
+            variables, a profile, the instance's or pod's role).
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
@@ -110,9 +117,13 @@ class Settings(BaseSettings):
     spark_worker_memory: str = "4g"
     spark_executor_python: str | None = None
     hdfs_port: int = int(stack_value("KEYSHIFT_HDFS_PORT"))
+    s3_port: int = int(stack_value("KEYSHIFT_S3_PORT"))
+    s3_endpoint: str | None = None
+    s3_access_key: str | None = None
+    s3_secret_key: SecretStr | None = None
     partitions: int = DEFAULT_PARTITIONS
 
-    @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", when_used="json")
+    @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", "s3_secret_key", when_used="json")
     def _reveal(self, value: SecretStr | None) -> str | None:
         return None if value is None else value.get_secret_value()
 

@@ -1,5 +1,5 @@
 """`keyshift stack`: start, check and stop the local Kafka, Redis and Airflow (and, with `--cluster`, a
-Spark standalone cluster); fetch the jars."""
+Spark standalone cluster, an HDFS and an S3-compatible object store); fetch the jars."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _ONLY_HELP = f"Comma-separated services to act on, from: {', '.join(stack.START_
 
 @click.group(name="stack")
 def command() -> None:
-    """Start, check and stop the local stack (Kafka, Redis, Airflow; a Spark cluster with --cluster) under the state dir."""
+    """Start, check and stop the local stack (Kafka, Redis, Airflow; a Spark cluster, HDFS and S3 with --cluster) under the state dir."""
     # kafka-python logs every connection at INFO; health probes would drown the useful lines.
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
@@ -42,7 +42,9 @@ def _print_status(statuses: list[ServiceStatus]) -> None:
     help="Seconds each service may take to become healthy, counted from its start.",
 )
 @click.option("--cluster", is_flag=True, help="Also start a Spark standalone cluster (a master and "
-              "KEYSHIFT_SPARK_WORKERS workers on loopback); jobs use it with KEYSHIFT_SPARK_MASTER=spark://127.0.0.1:7077.")
+              "KEYSHIFT_SPARK_WORKERS workers on loopback), an HDFS and an S3-compatible store (moto, bucket keyshift); "
+              "jobs use them with KEYSHIFT_SPARK_MASTER=spark://127.0.0.1:7077 and KEYSHIFT_CHECKPOINT_LOCATION="
+              "hdfs://127.0.0.1:8020/keyshift/checkpoints, or s3a://keyshift/checkpoints with KEYSHIFT_S3_ENDPOINT=http://127.0.0.1:9000.")
 def up(only: str | None, timeout_s: float, cluster: bool) -> None:
     """Start what is down and wait until every service is healthy (reuses running ones)."""
     settings = Settings()

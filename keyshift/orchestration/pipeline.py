@@ -463,10 +463,10 @@ def driver_java_options(settings: Settings | None = None) -> str:
         settings: a `keyshift.settings.Settings`; None: `Settings()` from the environment.
     """
     from keyshift.runtime.class_archive import spark_submit_java_options
-    from keyshift.stack.spark import connector_jars
+    from keyshift.stack.spark import job_jars
 
     settings = settings or Settings()
-    return spark_submit_java_options(settings.cache, connector_jars(settings)) if settings.spark_class_archive else ""
+    return spark_submit_java_options(settings.cache, job_jars(settings)) if settings.spark_class_archive else ""
 
 
 def venv_bin() -> Path:

@@ -82,7 +82,8 @@ def spark_conf(
 
 def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str], "DriverArchive | None"]:
     """`spark_conf` for a keyshift job whose driver JVM this process starts: the Kafka connector
-    jars, `settings.spark_driver_memory`, the driver's class archive
+    jars (and S3A's with an `s3a://` checkpoint location, `keyshift.stack.s3a`, with its
+    settings), `settings.spark_driver_memory`, the driver's class archive
     (`keyshift.runtime.class_archive`) unless `settings.spark_class_archive` is off, and on a
     cluster master (not `local[...]`) the executors' packed environment and keyshift's code
     (`keyshift.stack.executor_env`, built on first use).
@@ -95,14 +96,16 @@ def job_spark_conf(settings: Settings, partitions: int) -> tuple[dict[str, str],
         (the configuration, the archive decision or None).
 
     Raises:
-        StackError: the connector jars cannot be fetched (`keyshift.stack.spark.connector_jars`).
+        StackError: the jars cannot be fetched (`keyshift.stack.spark.job_jars`).
     """
     from keyshift.runtime.class_archive import driver_archive
-    from keyshift.stack.spark import connector_jars, is_local_master
+    from keyshift.stack import s3a
+    from keyshift.stack.spark import is_local_master, job_jars
 
-    jars = connector_jars(settings)
+    jars = job_jars(settings)
     archive = driver_archive(settings.cache, jars) if settings.spark_class_archive else None
     extra = {"spark.driver.extraJavaOptions": archive.java_options} if archive else {}
+    extra.update(s3a.spark_conf(settings))
     if not is_local_master(settings.spark_master):
         from keyshift.stack import executor_env
 

@@ -28,11 +28,12 @@ log = logging.getLogger("keyshift.stack")
 
 SERVICES = ("redis", "kafka", "airflow")
 """The services `keyshift stack up` starts, in start order (Airflow, the slowest, last)."""
-CLUSTER_SERVICES = ("hdfs", "spark")
-"""Services started only when asked for (`keyshift stack up --cluster`, or `--only hdfs,spark`): an
-HDFS for checkpoints (`keyshift.stack.hdfs`) and a Spark standalone master and workers
+CLUSTER_SERVICES = ("hdfs", "s3", "spark")
+"""Services started only when asked for (`keyshift stack up --cluster`, or `--only hdfs,s3,spark`):
+an HDFS and an S3-compatible object store for checkpoints (`keyshift.stack.hdfs`,
+`keyshift.stack.s3`) and a Spark standalone master and workers
 (`keyshift.stack.spark_cluster`)."""
-START_ORDER = ("redis", "kafka", "hdfs", "spark", "airflow")
+START_ORDER = ("redis", "kafka", "hdfs", "s3", "spark", "airflow")
 """Every service in start order."""
 DEFAULT_TIMEOUT_S = 300.0
 """Seconds `up` waits for each service to become healthy, counted from its start."""
@@ -44,9 +45,9 @@ def service_module(name: str) -> ModuleType:
     Raises:
         ConfigurationError: for a name not in SERVICES.
     """
-    from keyshift.stack import airflow, hdfs, kafka, redis, spark_cluster
+    from keyshift.stack import airflow, hdfs, kafka, redis, s3, spark_cluster
 
-    modules = {"kafka": kafka, "redis": redis, "airflow": airflow, "hdfs": hdfs, "spark": spark_cluster}
+    modules = {"kafka": kafka, "redis": redis, "airflow": airflow, "hdfs": hdfs, "s3": s3, "spark": spark_cluster}
     if name not in modules:
         raise ConfigurationError(f"unknown service {name!r}; choose from {', '.join(START_ORDER)}")
     return modules[name]
@@ -209,6 +210,12 @@ def require(settings: Settings, *names: str) -> None:
 
             if not hdfs.is_healthy(settings):
                 raise StackError(f"no HDFS answers at {hdfs.url(settings)}; start it with `keyshift stack up --only hdfs`")
+        elif name == "s3":
+            from keyshift.stack import s3
+
+            if not s3.is_healthy(settings):
+                raise StackError(f"no S3 server with bucket {s3.BUCKET} answers at {s3.endpoint(settings)}; "
+                                 "start it with `keyshift stack up --only s3`")
         else:
             from keyshift.stack import airflow
 
@@ -221,8 +228,8 @@ def require(settings: Settings, *names: str) -> None:
 def status(settings: Settings, only: Iterable[str] | str | None = None) -> list[ServiceStatus]:
     """The state, address and processes of each selected service, in start order; with `only`
     None, the cluster services when any of their processes has a pid file."""
-    from keyshift.stack import hdfs, process, spark_cluster
+    from keyshift.stack import hdfs, process, s3, spark_cluster
 
     running_cluster = only is None and any(process.read_record(settings.home, name) is not None
-                                           for name in (spark_cluster.MASTER, hdfs.NAME))
+                                           for name in (spark_cluster.MASTER, hdfs.NAME, s3.NAME))
     return [service_module(name).status(settings) for name in select(only, cluster=running_cluster)]

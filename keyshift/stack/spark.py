@@ -53,9 +53,21 @@ def connector_jars(settings: Settings) -> list[Path]:
     return jars
 
 
+def job_jars(settings: Settings) -> list[Path]:
+    """The jars a keyshift job needs beside pyspark's: the Kafka connector's and, when the
+    checkpoint location is on S3A (`s3a://`), Hadoop's S3A connector (`keyshift.stack.s3a`).
+
+    Raises:
+        StackError: when Maven is missing or fails.
+    """
+    from keyshift.stack import s3a
+
+    return connector_jars(settings) + (s3a.connector_jars(settings) if s3a.needed(settings) else [])
+
+
 def jars_option(settings: Settings) -> str:
-    """The connector jars comma-joined, the value for `spark.jars` or `spark-submit --jars`."""
-    return ",".join(str(jar) for jar in connector_jars(settings))
+    """A job's jars (`job_jars`) comma-joined, the value for `spark.jars` or `spark-submit --jars`."""
+    return ",".join(str(jar) for jar in job_jars(settings))
 
 
 LOCAL_IP_VARIABLE = "SPARK_LOCAL_IP"

@@ -25,9 +25,9 @@ def test_select(only, expected):
     assert stack.select(only) == expected
 
 
-def test_the_spark_cluster_and_hdfs_are_started_only_when_asked_for():
-    assert "spark" not in stack.select(None) and "hdfs" not in stack.select(None)
-    assert stack.select(None, cluster=True) == ("redis", "kafka", "hdfs", "spark", "airflow")
+def test_the_spark_cluster_hdfs_and_s3_are_started_only_when_asked_for():
+    assert not {"spark", "hdfs", "s3"} & set(stack.select(None))
+    assert stack.select(None, cluster=True) == ("redis", "kafka", "hdfs", "s3", "spark", "airflow")
     assert stack.select("kafka", cluster=True) == ("kafka",)  # --only wins
 
 
@@ -85,3 +85,25 @@ def test_the_hdfs_process_takes_its_port_and_fixed_heap(tmp_path, monkeypatch):
     assert argv[0] == "java" and "-Xmx256m" in argv and argv[argv.index("-cp") + 1] == "CP"
     assert argv[-4:] == ["MiniHdfs", str(tmp_path / "hdfs" / "data"), "28020", str(tmp_path / "hdfs" / "ready")]
     assert hdfs.url(settings) == "hdfs://127.0.0.1:28020"
+
+
+def test_s3a_settings_come_only_with_an_s3a_checkpoint_location(tmp_path):
+    """S3A's jars and `spark.hadoop.fs.s3a.*` are added for an `s3a://` location only; an endpoint
+    of one's own gets path-style access, no TLS for http and no 100-continue; keys only when both
+    are set."""
+    from keyshift.settings import Settings
+    from keyshift.stack import s3a
+
+    assert s3a.spark_conf(Settings(home=tmp_path, checkpoint_location="hdfs://nn:8020/cp")) == {}
+    assert s3a.spark_conf(Settings(home=tmp_path)) == {}
+    aws = s3a.spark_conf(Settings(home=tmp_path, checkpoint_location="s3a://bucket/cp"))
+    assert aws == {}  # AWS's endpoints and the default credential chain: nothing to set
+    local = s3a.spark_conf(Settings(home=tmp_path, checkpoint_location="s3a://keyshift/cp", s3_endpoint="http://127.0.0.1:9000",
+                                    s3_access_key="ak", s3_secret_key="sk"))
+    assert local["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert local["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert local["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert local["spark.hadoop.fs.s3a.connection.expect.continue"] == "false"
+    assert (local["spark.hadoop.fs.s3a.access.key"], local["spark.hadoop.fs.s3a.secret.key"]) == ("ak", "sk")
+    tls = s3a.spark_conf(Settings(home=tmp_path, checkpoint_location="s3a://b/cp", s3_endpoint="https://minio:9000", s3_access_key="ak"))
+    assert tls["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true" and "spark.hadoop.fs.s3a.access.key" not in tls
