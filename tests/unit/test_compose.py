@@ -5,7 +5,9 @@ merges and variables, and prints the model `docker compose up` would run; these 
 model: the services DESIGN.md names, the images and versions, loopback-only ports, health checks,
 start order, the mounts and the settings each container gets. Secrets come from an env file: the
 tests pass the documented example (`infra/compose.env.example`) and check that the YAML itself
-holds no password.
+holds no password. The profile `cluster` (`docker compose --profile cluster up`) adds the parts of
+`keyshift stack up --cluster`: three Kafka nodes, a second Spark worker and moto's S3 server; its
+model is checked here too, and against the settings in test_stack_settings_agree.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from keyshift.stack import compose, kafka
 
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 LONG_RUNNING = ("kafka", "redis", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES)
+KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
+CLUSTER_LONG_RUNNING = (*KAFKA_NODES, "spark-worker-2", "s3")
+"""The long-running services the profile `cluster` adds (beside the one-shot `s3-bucket`)."""
+CLUSTER_ENV = {"KEYSHIFT_COMPOSE_KAFKA_HOST": "kafka-cluster", "KEYSHIFT_COMPOSE_KAFKA_BROKERS": "3"}
+"""What `.env` sets to point keyshift's containers at the cluster's Kafka (infra/compose.env.example)."""
 
 
 SECRET_VARIABLES = (
@@ -43,6 +50,11 @@ def model() -> dict:
 @pytest.fixture(scope="module")
 def services(model) -> dict:
     return model["services"]
+
+
+@pytest.fixture(scope="module")
+def cluster_services() -> dict:
+    return compose.config(env_file=compose.ENV_EXAMPLE, profiles=("cluster",))["services"]
 
 
 def _pinned(package: str) -> str:
@@ -236,3 +248,109 @@ def test_the_parser_rejects_an_invalid_file(tmp_path):
     bad.write_text("services:\n  kafka:\n    imagee: apache/kafka:4.3.0\n")
     with pytest.raises(StackError, match="imagee"):
         compose.config(bad)
+
+
+# The profile `cluster`.
+
+
+def test_the_cluster_profile_adds_its_parts_and_keeps_the_others(services, cluster_services):
+    added = set(cluster_services) - set(services)
+    assert added == {*CLUSTER_LONG_RUNNING, "s3-bucket"}
+    assert set(services) <= set(cluster_services)
+    for name in added:
+        assert cluster_services[name]["profiles"] == ["cluster"], name
+    for name in services:
+        assert "profiles" not in cluster_services[name], f"{name} would leave plain `docker compose up`"
+
+
+@pytest.mark.parametrize("name", CLUSTER_LONG_RUNNING)
+def test_every_cluster_service_has_a_health_check(cluster_services, name):
+    assert cluster_services[name]["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL")
+
+
+def test_the_cluster_kafka_is_three_kraft_nodes_of_one_cluster(cluster_services):
+    envs = [cluster_services[name]["environment"] for name in KAFKA_NODES]
+    single = cluster_services["kafka"]["environment"]
+    assert {cluster_services[name]["image"] for name in KAFKA_NODES} == {f"apache/kafka:{kafka.KAFKA_VERSION}"}
+    assert [env["KAFKA_NODE_ID"] for env in envs] == ["1", "2", "3"]
+    assert [cluster_services[name]["hostname"] for name in KAFKA_NODES] == list(KAFKA_NODES)
+    for env in envs:
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    # one cluster id, a valid one, not the single node's (a node of one never joins the other)
+    ids = {env["CLUSTER_ID"] for env in envs}
+    assert len(ids) == 1 and ids != {single["CLUSTER_ID"]}
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}", ids.pop())
+    # a static quorum of the three, the same on every node
+    assert {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in envs} == {
+        "1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"
+    }
+
+
+def test_the_cluster_kafka_publishes_each_node_on_loopback_beside_the_single_one(cluster_services):
+    published = {}
+    for name, service in cluster_services.items():
+        for port in service.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", f"{name} publishes {port['published']} beyond loopback"
+            published[name] = int(port["published"])
+    assert published == {
+        "kafka": 9092, "redis": 6379, "spark-master": 8081, "airflow-apiserver": 8080,
+        "kafka-1": 29092, "kafka-2": 29102, "kafka-3": 29112, "s3": 9000,
+    }
+    assert len(set(published.values())) == len(published)  # no two services on one host port
+
+
+def test_containers_reach_the_cluster_kafka_when_env_says_so(cluster_services):
+    from keyshift.settings import Settings
+
+    model = compose.config(env_file=compose.ENV_EXAMPLE, profiles=("cluster",), environment=CLUSTER_ENV)
+    env = model["services"]["airflow-scheduler"]["environment"]
+    # the container's settings, as keyshift builds them there
+    inside = Settings(kafka_host=env["KEYSHIFT_KAFKA_HOST"], kafka_port=int(env["KEYSHIFT_KAFKA_PORT"]),
+                      kafka_brokers=int(env["KEYSHIFT_KAFKA_BROKERS"]))
+    assert inside.kafka_replication == (3, 2)
+    first = inside.bootstrap_servers.split(",")[0]
+    for name in KAFKA_NODES:
+        node = model["services"][name]
+        # every node answers to the bootstrap host and listens on its port
+        assert env["KEYSHIFT_KAFKA_HOST"] in node["networks"]["default"]["aliases"]
+        listeners = node["environment"]["KAFKA_LISTENERS"].split(",")
+        assert f"DOCKER://0.0.0.0:{first.rsplit(':', 1)[1]}" in listeners
+        assert f"DOCKER://{name}:{env['KEYSHIFT_KAFKA_PORT']}" in node["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    # without the two variables the containers keep the single node
+    default = cluster_services["airflow-scheduler"]["environment"]
+    assert (default["KEYSHIFT_KAFKA_HOST"], default["KEYSHIFT_KAFKA_BROKERS"]) == ("kafka", "1")
+
+
+def test_the_scheduler_waits_for_the_cluster_parts_only_with_the_profile(services, cluster_services):
+    for name in (*KAFKA_NODES, "s3-bucket"):
+        assert name not in services
+        assert cluster_services["airflow-scheduler"]["depends_on"][name]["required"] is False
+    assert services["airflow-scheduler"]["depends_on"]["kafka"]["required"] is True
+
+
+def test_the_cluster_has_two_spark_workers_on_the_master(cluster_services):
+    workers = {name: cluster_services[name] for name in ("spark-worker", "spark-worker-2")}
+    master = cluster_services["airflow-scheduler"]["environment"]["KEYSHIFT_SPARK_MASTER"]
+    for name, worker in workers.items():
+        assert worker["command"][:3] == ["spark-class", "org.apache.spark.deploy.worker.Worker", master], name
+        assert worker["depends_on"]["spark-master"]["condition"] == "service_healthy"
+        assert worker["hostname"] == name
+        assert worker["image"] == cluster_services["spark-master"]["image"]
+    assert workers["spark-worker"]["command"] == workers["spark-worker-2"]["command"]
+
+
+def test_the_s3_service_is_a_pinned_moto_server_with_its_bucket(cluster_services):
+    s3 = cluster_services["s3"]
+    image, _, tag = s3["image"].partition(":")
+    assert image == "motoserver/moto" and re.fullmatch(r"\d+\.\d+\.\d+", tag), s3["image"]
+    assert s3["entrypoint"] == ["moto_server", "-H", "0.0.0.0", "-p", "9000"]
+    assert "http://localhost:9000/" in s3["healthcheck"]["test"][-1]
+    bucket = cluster_services["s3-bucket"]
+    assert bucket["image"] == s3["image"]
+    assert bucket["depends_on"]["s3"]["condition"] == "service_healthy"
+    assert bucket["restart"] == "no"
+    script = bucket["command"][0]
+    assert 'endpoint_url="http://s3:9000"' in script
+    assert 's3.create_bucket(Bucket="keyshift")' in script
+    compile(script, "s3-bucket", "exec")  # the one-shot script is Python
