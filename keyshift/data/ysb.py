@@ -77,6 +77,7 @@ from keyshift.data.replay import (
     send_placed,
 )
 from keyshift.errors import ConfigurationError, StackError
+from keyshift.eventtime.windows import YSB_WINDOW_MS
 from keyshift.names import redis_replay_key, redis_ysb_ad_campaign_key, redis_ysb_ad_campaign_version_key, redis_ysb_campaigns_key
 from keyshift.placement.learning import LEARN_FRACTION, LEARNED_STRATEGIES, publish_learned
 from keyshift.placement.strategies import Strategy
@@ -102,8 +103,8 @@ RECORD_FIELDS: tuple[str, ...] = (
 POOL_SIZE = 100
 """User ids and page ids per pool (the published `run` mode draws from 100 of each)."""
 
-WINDOW_MS = 10_000
-"""The YSB window: 10 seconds of event time, aligned to the epoch (the published time divisor)."""
+WINDOW_MS = YSB_WINDOW_MS
+"""The YSB window: 10 seconds of event time, aligned to the epoch (`keyshift.eventtime.windows.YSB_WINDOW_MS`)."""
 
 GENERATE_BATCH = 8_192
 """Events per generated batch (each from its own seeded generator); fixed, so streams are prefixes."""

@@ -12,6 +12,11 @@ import numpy as np
 HOUR_MS = 3_600_000
 """One hour of event time, in milliseconds."""
 
+YSB_WINDOW_MS = 10_000
+"""The Yahoo Streaming Benchmark's window: 10 seconds of event time, tumbling, aligned to the
+epoch (the benchmark's published time divisor). Here, not in the generator (`keyshift.data.ysb`),
+because the job's spec (`keyshift.jobs.ysb`), which executors unpickle, needs it too."""
+
 
 def window_start_ms(event_time_ms: int, size_ms: int = HOUR_MS) -> int:
     """Start of the tumbling window holding `event_time_ms`.

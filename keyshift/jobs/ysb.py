@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from keyshift.data.ysb import WINDOW_MS
+from keyshift.eventtime.windows import YSB_WINDOW_MS as WINDOW_MS
 from keyshift.names import (
     YSB_DEAD_LETTER_TOPIC,
     YSB_LATE_TOPIC,
