@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from pydantic import Field, SecretStr, field_serializer
+from pydantic import Field, SecretStr, field_serializer, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from keyshift.stack_env import DEFAULT_PARTITIONS, PROJECT_ROOT, stack_value
@@ -45,6 +45,10 @@ class Settings(BaseSettings):
             executor and a restarted driver must reach it (`keyshift.checkpoint_files`).
         kafka_host, kafka_port, kafka_controller_port: the broker's loopback listeners (of node 1;
             node i of a cluster listens 10 * (i - 1) ports higher, `kafka_nodes`).
+        kafka_bootstrap: the bootstrap servers of a Kafka cluster whose brokers have hosts of their
+            own (`kafka-1:19092,kafka-2:19092,kafka-3:19092`: docker compose's cluster profile, a
+            production cluster), which clients use instead of `kafka_host` and the nodes' ports;
+            None or "" (the default): `kafka_nodes` on `kafka_host`.
         kafka_brokers: Kafka nodes of the local stack, each a broker and a KRaft controller; 1
             (the default) or 3 for a production-like cluster: topics get replication factor
             min(3, brokers) and `min.insync.replicas` min(2, brokers) (`kafka_replication`).
@@ -97,6 +101,7 @@ class Settings(BaseSettings):
     kafka_host: str = "127.0.0.1"
     kafka_port: int = int(stack_value("KEYSHIFT_KAFKA_PORT"))
     kafka_controller_port: int = int(stack_value("KEYSHIFT_KAFKA_CONTROLLER_PORT"))
+    kafka_bootstrap: str | None = None
     kafka_brokers: int = Field(default=1, ge=1, le=9)
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
@@ -122,6 +127,12 @@ class Settings(BaseSettings):
     s3_access_key: str | None = None
     s3_secret_key: SecretStr | None = None
     partitions: int = DEFAULT_PARTITIONS
+
+    @field_validator("kafka_bootstrap", "checkpoint_location", "s3_endpoint", "s3_access_key", "s3_secret_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """An empty value (`KEYSHIFT_S3_ENDPOINT=`, as compose passes an unset variable) means unset."""
+        return None if value == "" else value
 
     @field_serializer("kafka_sasl_password", "redis_password", "airflow_password", "s3_secret_key", when_used="json")
     def _reveal(self, value: SecretStr | None) -> str | None:
@@ -152,8 +163,10 @@ class Settings(BaseSettings):
 
     @property
     def bootstrap_servers(self) -> str:
-        """Kafka bootstrap servers, `host:port[,host:port...]`: every local node, so a client
-        starts while one of them is down."""
+        """Kafka bootstrap servers, `host:port[,host:port...]`: `kafka_bootstrap` when set, else
+        every local node, so a client starts while one of them is down."""
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
         return ",".join(f"{self.kafka_host}:{client}" for _, client, _ in self.kafka_nodes)
 
     @property

@@ -26,7 +26,8 @@ LONG_RUNNING = ("kafka", "redis", "postgres", "spark-master", "spark-worker", *A
 KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
 CLUSTER_LONG_RUNNING = (*KAFKA_NODES, "spark-worker-2", "s3")
 """The long-running services the profile `cluster` adds (beside the one-shot `s3-bucket`)."""
-CLUSTER_ENV = {"KEYSHIFT_COMPOSE_KAFKA_HOST": "kafka-cluster", "KEYSHIFT_COMPOSE_KAFKA_BROKERS": "3"}
+CLUSTER_ENV = {"KEYSHIFT_COMPOSE_KAFKA_BOOTSTRAP": "kafka-1:19092,kafka-2:19092,kafka-3:19092", "KEYSHIFT_COMPOSE_KAFKA_BROKERS": "3",
+               "KEYSHIFT_COMPOSE_CHECKPOINT_LOCATION": "s3a://keyshift/checkpoints", "KEYSHIFT_COMPOSE_S3_ENDPOINT": "http://s3:9000"}
 """What `.env` sets to point keyshift's containers at the cluster's Kafka (infra/compose.env.example)."""
 
 
@@ -300,26 +301,32 @@ def test_the_cluster_kafka_publishes_each_node_on_loopback_beside_the_single_one
     assert len(set(published.values())) == len(published)  # no two services on one host port
 
 
-def test_containers_reach_the_cluster_kafka_when_env_says_so(cluster_services):
+def test_containers_reach_the_cluster_kafka_and_s3_when_env_says_so(cluster_services):
     from keyshift.settings import Settings
+    from keyshift.stack import s3a
 
     model = compose.config(env_file=compose.ENV_EXAMPLE, profiles=("cluster",), environment=CLUSTER_ENV)
     env = model["services"]["airflow-scheduler"]["environment"]
-    # the container's settings, as keyshift builds them there
-    inside = Settings(kafka_host=env["KEYSHIFT_KAFKA_HOST"], kafka_port=int(env["KEYSHIFT_KAFKA_PORT"]),
-                      kafka_brokers=int(env["KEYSHIFT_KAFKA_BROKERS"]))
+    # the container's settings, as keyshift builds them there from its environment
+    inside = Settings(**{name.removeprefix("KEYSHIFT_").lower(): value for name, value in env.items()
+                         if name.startswith("KEYSHIFT_") and name.removeprefix("KEYSHIFT_").lower() in Settings.model_fields})
     assert inside.kafka_replication == (3, 2)
-    first = inside.bootstrap_servers.split(",")[0]
-    for name in KAFKA_NODES:
-        node = model["services"][name]
-        # every node answers to the bootstrap host and listens on its port
-        assert env["KEYSHIFT_KAFKA_HOST"] in node["networks"]["default"]["aliases"]
-        listeners = node["environment"]["KAFKA_LISTENERS"].split(",")
-        assert f"DOCKER://0.0.0.0:{first.rsplit(':', 1)[1]}" in listeners
-        assert f"DOCKER://{name}:{env['KEYSHIFT_KAFKA_PORT']}" in node["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    # without the two variables the containers keep the single node
-    default = cluster_services["airflow-scheduler"]["environment"]
-    assert (default["KEYSHIFT_KAFKA_HOST"], default["KEYSHIFT_KAFKA_BROKERS"]) == ("kafka", "1")
+    advertised = {f"DOCKER://{server}" for server in inside.bootstrap_servers.split(",")}
+    nodes = {name: model["services"][name]["environment"] for name in KAFKA_NODES}
+    # every bootstrap server is one node's advertised in-network listener, and every node is one
+    assert advertised == {next(a for a in node["KAFKA_ADVERTISED_LISTENERS"].split(",") if a.startswith("DOCKER://"))
+                          for node in nodes.values()}
+    for node in nodes.values():
+        assert f"DOCKER://0.0.0.0:{env['KEYSHIFT_KAFKA_PORT']}" in node["KAFKA_LISTENERS"].split(",")
+    # checkpoints on the profile's S3 service, its port in the network
+    assert inside.checkpoint_location == "s3a://keyshift/checkpoints"
+    assert s3a.spark_conf(inside)["spark.hadoop.fs.s3a.endpoint"] == f"http://s3:{model['services']['s3']['ports'][0]['target']}"
+    # without the variables the containers keep the single node and the run folders' checkpoints
+    default = Settings(**{name.removeprefix("KEYSHIFT_").lower(): value
+                          for name, value in cluster_services["airflow-scheduler"]["environment"].items()
+                          if name.startswith("KEYSHIFT_") and name.removeprefix("KEYSHIFT_").lower() in Settings.model_fields})
+    assert default.bootstrap_servers == "kafka:19092" and default.kafka_replication == (1, 1)
+    assert default.checkpoint_location is None and s3a.spark_conf(default) == {}
 
 
 def test_the_scheduler_waits_for_the_cluster_parts_only_with_the_profile(services, cluster_services):
