@@ -9,7 +9,8 @@ from the first 10 % of the run's flights and publishes it in Redis with a new ep
 assignment from its own first 10 %, into the job's input topic; the job starts reading where this
 replay began) → `choose_mode`, then
 
-* **bounded** (`limit` > 0): `spark_submit` (SparkSubmitOperator on connection `spark_default`;
+* **bounded** (`limit` > 0): `spark_submit` (the provider's SparkSubmitOperator on connection
+  `spark_default`, run in a driver folder on a cluster master: `JobSparkSubmitOperator`;
   blocks until the job has drained the `limit` events, flushed its windows and exited);
 * **continuous** (`limit` empty or 0; the replay sends the whole data set): `launch_job` (a
   detached supervisor and its driver; log in `runs/<run_id>/logs/driver.log`) → `watch_job`
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task
 
 from keyshift import names
@@ -41,6 +41,7 @@ from keyshift.eventtime.watermarks import WATERMARK_MODES
 from keyshift.processing.operators.exchange import EXCHANGES
 from keyshift.orchestration import pipeline
 from keyshift.orchestration.sensors import JobProgressSensor
+from keyshift.orchestration.spark_submit import JobSparkSubmitOperator
 from keyshift.orchestration.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY_S
 from keyshift.stack_env import DEFAULT_PARTITIONS
 
@@ -147,7 +148,7 @@ def keyshift_pipeline():
             raise AirflowSkipException(outcome["reason"])
         return outcome
 
-    spark_submit = SparkSubmitOperator(
+    spark_submit = JobSparkSubmitOperator(
         task_id="spark_submit",
         conn_id="spark_default",
         application=str(pipeline.APPLICATION),

@@ -57,7 +57,8 @@ from keyshift.runs import ACTIVE_STATES, TERMINAL_STATES, RunRecord, read_run_re
 from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, SupervisorSpec, driver_record, spec_path, stop_driver
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
-from keyshift.stack.spark import jars_option, loopback_env
+from keyshift.stack import executor_env
+from keyshift.stack.spark import is_local_master, jars_option, loopback_env
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +249,11 @@ def launch_job(
         argv = (*base, *pipeline.spark_submit_args(run_id, strategy, partitions, bound_ms, limit, topic=topic,
                                                    max_offsets_per_trigger=max_offsets_per_trigger, watermark=watermark,
                                                    job=job, exchange=exchange))
+        # on a cluster the driver's Python setting is the executors' relative path: the driver
+        # runs in a folder where it names this venv (keyshift.stack.executor_env.driver_folder)
+        cwd = PROJECT_ROOT if is_local_master(settings.spark_master) else executor_env.driver_folder(home)
         spec = SupervisorSpec(run_id=run_id, argv=argv, resume_argv=(*base, *pipeline.resume_args(run_id)),
-                              policy=policy, cwd=str(PROJECT_ROOT))
+                              policy=policy, cwd=str(cwd))
         spec.write(spec_path(home))
         process.pid_file(home, DRIVER).unlink(missing_ok=True)  # a dead attempt's: not this launch's driver
         log_path = pipeline.driver_log_path(settings, run_id)

@@ -163,26 +163,15 @@ def build_spark_session(
 
 def _driver_folder(conf: dict[str, str]) -> dict[str, str]:
     """`{"cwd": folder}` for the driver JVM when `spark.pyspark.python` is a path relative to the
-    working directory (a cluster's packed environment, `./environment/bin/python`,
-    `keyshift.stack.executor_env`); else {}.
-
-    Executors find that path in their work folder, where Spark unpacked `spark.archives`. But
-    Spark runs Python on the driver too, with the same interpreter setting (transformWithState
-    initialises its processor in a Python process of the driver while it plans a query), and
-    there the path means nothing. So the JVM starts in a folder of its own whose `environment`
-    links to this interpreter's environment (`sys.prefix`): the same relative path then names
-    this venv's Python on the driver and the shipped one on the executors. Paths keyshift hands
-    the JVM are absolute, so its working directory changes nothing else.
-    """
+    working directory (a cluster's packed environment, `./environment/bin/python`): a folder whose
+    `environment` links to this venv (`keyshift.stack.executor_env.driver_folder`); else {}."""
     python = conf.get("spark.pyspark.python", "")
     if not python or os.path.isabs(python):
         return {}
-    import tempfile
+    from keyshift.stack.executor_env import driver_folder
 
-    folder = Path(tempfile.mkdtemp(prefix="keyshift-driver-"))
-    top = Path(python).parts[0]  # Path drops a leading "./"
-    (folder / top).symlink_to(Path(sys.prefix), target_is_directory=True)
-    log.info("driver JVM in %s (%s -> %s), so that %s runs on the driver too", folder, top, sys.prefix, python)
+    folder = driver_folder()
+    log.info("driver JVM in %s (environment -> %s), so that %s runs on the driver too", folder, sys.prefix, python)
     return {"cwd": str(folder)}
 
 

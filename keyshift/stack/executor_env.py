@@ -48,6 +48,40 @@ EXECUTOR_PYTHON = f"./{ENVIRONMENT_ALIAS}/bin/python"
 """The executors' interpreter, relative to their working folder (`spark.pyspark.python`)."""
 
 
+def driver_folder(parent: Path | None = None) -> Path:
+    """A working folder for a driver JVM whose `spark.pyspark.python` is `EXECUTOR_PYTHON`.
+
+    Executors find `./environment/bin/python` in their work folder, where Spark unpacked
+    `spark.archives`. But Spark runs Python on the driver too, with the same interpreter setting
+    (transformWithState initialises its processor in a Python process of the driver while it
+    plans a query: "Cannot run program ./environment/bin/python" otherwise), and there the path
+    is relative to the JVM's working directory. In this folder `environment` links to this
+    interpreter's environment (`sys.prefix`), so the same relative path names this venv's Python
+    on the driver and the shipped one on the executors. Used by a driver JVM keyshift starts
+    itself (`keyshift.runtime.session`), by the supervisor's spark-submit and by the pipeline's
+    SparkSubmitOperator (`keyshift.orchestration.spark_submit`); every path keyshift hands the
+    driver is absolute, so its working directory changes nothing else.
+
+    Args:
+        parent: where to make the folder (`<parent>/driver`, reused when its link is right);
+            None: a new temporary folder.
+
+    Returns:
+        The folder's absolute path.
+    """
+    if parent is None:
+        folder = Path(tempfile.mkdtemp(prefix="keyshift-driver-"))
+    else:
+        folder = (parent / "driver").absolute()
+        folder.mkdir(parents=True, exist_ok=True)
+    link = folder / ENVIRONMENT_ALIAS
+    if link.is_symlink() and link.resolve() != Path(sys.prefix).resolve():
+        link.unlink()
+    if not link.is_symlink():
+        link.symlink_to(Path(sys.prefix), target_is_directory=True)
+    return folder
+
+
 @dataclass(frozen=True)
 class ExecutorPackage:
     """The two files a cluster's executors get.
