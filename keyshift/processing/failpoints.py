@@ -15,6 +15,7 @@ lost machine does) when batch 5 passes `sink.after_outputs`. Unset (always, outs
 | `sink.before_batch` | the sink, before it reads batch b | b-1 committed; b planned (offset log), nothing of b written |
 | `sink.after_outputs` | the sink, after b's windows file, Kafka transaction and ledger | b's outputs all written, b not committed: Spark replays b |
 | `sink.hold_after_outputs` (holds, does not kill) | the sink, after b's outputs (as above) | the sink returns `HOLD_SECONDS` later: a stop asked meanwhile comes while b is written and not committed |
+| `side_outputs.hold_in_transaction` (holds, does not kill) | the sink's Kafka transaction of batch b, its records sent, before the offsets and the commit | the transaction stays open `HOLD_SECONDS`: a test kills a broker (its coordinator) meanwhile |
 | `switch.<step>` (n = the run's n-th switch) | the driver, right after step `stopped`, `migrated`, `segment` or `published` of a switch | see `keyshift.migration.switch`: redone before the segment, finished after |
 | `switch.new_query` (raises, does not kill) | the driver, once the new query of switch n started | the new query fails before its first commit: the switch rolls back |
 | `switch.after_markers_read` (holds, does not kill) | the driver, when switch n is requested | the driver acts on it only once a completed batch has read the end-of-input markers: the next segment starts past them |

@@ -44,6 +44,7 @@ from kafka.structs import OffsetAndMetadata
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from keyshift.names import SINK_COMMITS_TOPIC
+from keyshift.processing.failpoints import hold_here
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,14 @@ def sink_group_id(run_id: str) -> str:
     return f"keyshift-sink-{run_id}"
 
 
-TRANSACTION_CALL_TIMEOUT_S = 90.0
+TRANSACTION_CALL_TIMEOUT_S = 30.0
 """Seconds one transactional call (offsets, commit, abort) may take before the producer is
-replaced: longer than the transaction timeout (60 s), after which the broker aborts on its own."""
+replaced. The replacement's `init_transactions` fences the old producer and finishes its open
+transaction (aborts it, or waits for a commit under way), so a shorter bound costs no correctness,
+only a resend of a batch's few side-output records. It is what the sink stalls when a broker dies:
+kafka-python keeps waiting on a transaction coordinator that is gone (the cluster test kills the
+coordinator in the middle of a transaction); 90 s stalled the run 90 s per lost broker. A side
+output transaction takes well under a second when the brokers are up."""
 TRANSACTION_ATTEMPTS = 5
 """How many times a batch's transaction is sent, each with a new producer after the first."""
 
@@ -194,6 +200,7 @@ class TransactionalSideOutputs:
         try:
             for topic, key, value in records:
                 producer.send(topic, key=key, value=value)
+            hold_here("side_outputs.hold_in_transaction", batch_id)
             offsets = {TopicPartition(SINK_COMMITS_TOPIC, 0): OffsetAndMetadata(batch_id + 1, self.run_id, -1)}
             bounded_call(lambda: producer.send_offsets_to_transaction(offsets, sink_group_id(self.run_id)),
                          "send_offsets_to_transaction", self.call_timeout_s)
