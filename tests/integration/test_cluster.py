@@ -1,15 +1,19 @@
-"""keyshift on a cluster (issue 35): three Kafka brokers, an HDFS and a Spark standalone master
-with two workers, started by keyshift's own stack code beside the default stack (a home and
-ports of their own), the workers' Python a bare interpreter, every checkpoint on HDFS.
+"""keyshift on a cluster (issue 35), started by keyshift's own stack code beside the default stack
+(a home, ports and a Redis of their own): three Kafka brokers, an HDFS, an S3 store (moto) and a
+Spark standalone master with two workers whose Python is a bare interpreter.
 
 - The Kafka cluster: all three brokers registered, keyshift's topics created with replication
   factor 3 and `min.insync.replicas` 2.
-- The flight delay job submitted to the standalone master from `keyshift job run`, its
-  checkpoints on HDFS (`KEYSHIFT_CHECKPOINT_LOCATION=hdfs://...`, none in the run folder), killed
-  (`kill -9`) mid-run, resumed from its HDFS checkpoint, then switched to least_count inside the
-  driver (the state reader on HDFS): the windows equal pandas' and the run reconciles. Its
-  executors ran the packed environment (`keyshift package`: venv-pack of the executor
-  dependencies) and the shipped code, not this venv.
+- The flight delay job from `keyshift job run`, checkpoints on HDFS: killed (`kill -9`) mid-run,
+  resumed, switched to least_count inside the driver; windows equal pandas'; its executors ran
+  the packed environment and the shipped code, not this venv.
+- YSB as Airflow's `launch_job` runs it (the supervisor's spark-submit), checkpoints on S3: two
+  switches (a strategy, then P 4 -> 6), then an executor and a whole worker killed; windows equal
+  the generator's record.
+- Kafka nodes killed: the input's partition leader mid-run, the side outputs' transaction
+  coordinator mid-transaction; windows equal pandas', every alert once for `read_committed`.
+- Global Merge with checkpoints on S3: windows equal pandas', no shuffle bytes.
+- The pipeline DAG through an Airflow of the cluster's settings: a bounded run on the master.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 PARTITIONS = 4
 KEYSHIFT = str(Path(sys.executable).parent / "keyshift")
 PORTS = {"kafka_port": 29092, "kafka_controller_port": 29093, "spark_master_port": 17077, "spark_master_ui_port": 18091,
-         "hdfs_port": 28020, "s3_port": 29000}
+         "hdfs_port": 28020, "s3_port": 29000, "redis_port": 16379}
+"""The cluster's services, a Redis of its own among them: keyshift's Redis records are keyed by topic
+and run (the replay record of `flights`, ...), and this Kafka has topics of the default stack's names."""
 CHECKPOINTS = f"hdfs://127.0.0.1:{PORTS['hdfs_port']}/keyshift/checkpoints"
 S3_CHECKPOINTS = "s3a://keyshift/checkpoints"
 S3 = {"s3_endpoint": f"http://127.0.0.1:{PORTS['s3_port']}", "s3_access_key": "keyshift", "s3_secret_key": SecretStr("keyshift")}
@@ -48,16 +54,16 @@ def cluster(stack_settings, tmp_path_factory):
         "checkpoint_location": CHECKPOINTS,
     })
     try:
-        stack.up(settings, "kafka,hdfs,s3,spark", timeout_s=300)
+        stack.up(settings, "redis,kafka,hdfs,s3,spark", timeout_s=300)
         yield settings
     finally:
-        stack.down(settings, "kafka,hdfs,s3,spark")
+        stack.down(settings, "redis,kafka,hdfs,s3,spark")
 
 
 def _environment(settings) -> dict[str, str]:
     """`KEYSHIFT_*` variables that point a `keyshift` command at `settings`."""
     env = dict(os.environ)
-    for name in ("home", "cache_dir", "runs_dir", "kafka_port", "kafka_controller_port", "kafka_brokers", "spark_master",
+    for name in ("home", "cache_dir", "runs_dir", "redis_port", "kafka_port", "kafka_controller_port", "kafka_brokers", "spark_master",
                  "spark_master_port", "spark_master_ui_port", "spark_class_archive", "hdfs_port", "checkpoint_location"):
         env[f"KEYSHIFT_{name.upper()}"] = str(getattr(settings, name))
     for name in ("s3_endpoint", "s3_access_key", "s3_secret_key"):
