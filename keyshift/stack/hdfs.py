@@ -106,10 +106,7 @@ def start(settings: Settings) -> bool:
     """
     if process.is_running(settings.home, NAME):
         return False
-    if process.port_open("127.0.0.1", settings.hdfs_port):
-        owner = process.port_owner(settings.hdfs_port)
-        raise StackError(f"port 127.0.0.1:{settings.hdfs_port} is in use ({owner.describe() if owner else 'owner unknown'}); "
-                         "stop it, or choose another port with KEYSHIFT_HDFS_PORT")
+    process.refuse_taken_port(settings.hdfs_port, "KEYSHIFT_HDFS_PORT")
     shutil.rmtree(_state_dir(settings), ignore_errors=True)
     _state_dir(settings).mkdir(parents=True)
     process.start(settings.home, NAME, argv(settings), cwd=_state_dir(settings))

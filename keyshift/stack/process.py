@@ -374,6 +374,22 @@ def port_owner(port: int) -> PortOwner | None:
     return None
 
 
+def refuse_taken_port(port: int, setting: str, host: str = "127.0.0.1") -> None:
+    """Refuse to start a service whose port something else holds.
+
+    Args:
+        port: the service's port. setting: the `KEYSHIFT_*` variable that moves it, named in the
+            message. host: the address it binds.
+
+    Raises:
+        StackError: the port accepts connections; the message names its owner when known.
+    """
+    if port_open(host, port):
+        owner = port_owner(port)
+        raise StackError(f"port {host}:{port} is in use ({owner.describe() if owner else 'owner unknown'}); "
+                         f"stop it, or choose another port with {setting}")
+
+
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
     """True when something accepts TCP connections on `host:port`."""
     import socket

@@ -112,10 +112,7 @@ def start(settings: Settings) -> bool:
     """
     if process.is_running(settings.home, NAME):
         return False
-    if process.port_open("127.0.0.1", settings.s3_port):
-        owner = process.port_owner(settings.s3_port)
-        raise StackError(f"port 127.0.0.1:{settings.s3_port} is in use ({owner.describe() if owner else 'owner unknown'}); "
-                         "stop it, or choose another port with KEYSHIFT_S3_PORT")
+    process.refuse_taken_port(settings.s3_port, "KEYSHIFT_S3_PORT")
     process.start(settings.home, NAME, argv(settings), cwd=settings.home)
     return True
 

@@ -107,3 +107,21 @@ def test_s3a_settings_come_only_with_an_s3a_checkpoint_location(tmp_path):
     assert (local["spark.hadoop.fs.s3a.access.key"], local["spark.hadoop.fs.s3a.secret.key"]) == ("ak", "sk")
     tls = s3a.spark_conf(Settings(home=tmp_path, checkpoint_location="s3a://b/cp", s3_endpoint="https://minio:9000", s3_access_key="ak"))
     assert tls["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true" and "spark.hadoop.fs.s3a.access.key" not in tls
+
+
+def test_a_taken_port_is_refused_with_its_setting_named():
+    """A service's start refuses a port that accepts connections, naming the setting that moves it."""
+    import socket
+
+    import pytest
+
+    from keyshift.errors import StackError
+    from keyshift.stack import process
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(StackError, match=f"127.0.0.1:{port} is in use .*KEYSHIFT_S3_PORT"):
+            process.refuse_taken_port(port, "KEYSHIFT_S3_PORT")
+    process.refuse_taken_port(port, "KEYSHIFT_S3_PORT")  # closed now: no error
