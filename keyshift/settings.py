@@ -181,7 +181,7 @@ class Settings(BaseSettings):
             auth = f":{quote(self.redis_password.get_secret_value(), safe='')}@"
         return f"redis://{auth}{self.redis_host}:{self.redis_port}/0"
 
-    SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("kafka_sasl_password", "redis_password", "airflow_password")
+    SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("kafka_sasl_password", "redis_password", "airflow_password", "s3_secret_key")
     """The passwords: never written where they are kept (an Airflow trigger's kwargs, a log)."""
 
     def without_secrets(self) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from keyshift.bench import masters, spark_events
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.settings import Settings
 
@@ -373,8 +374,9 @@ def plot_switches(progress: Sequence[Mapping[str, Any]], switches: Sequence[Mapp
 
 def _driver(settings: Settings, topic: str, run_id: str, start: Placement, per_trigger: int, bound_ms: int,
             limit: int | None) -> subprocess.Popen:
-    """Start `keyshift job run flight_delays` on `topic` in its own session, logging to
-    `runs/<run_id>/bench-driver.log`; bounded when `limit` is given."""
+    """Start `keyshift job run flight_delays` on `topic` in its own session on
+    `settings.spark_master`, logging to `runs/<run_id>/bench-driver.log` and writing Spark's event
+    log into `event_log_dir(settings, run_id)`; bounded when `limit` is given."""
     command = [str(Path(sys.executable).with_name("keyshift")), "job", "run", "flight_delays", "--topic", topic, "--run-id", run_id,
                "--strategy", start.strategy, "--partitions", str(start.partitions), "--max-offsets-per-trigger", str(per_trigger),
                "--bound-ms", str(bound_ms), "--starting", "earliest", "--idle-timeout", "300"]
@@ -382,9 +384,15 @@ def _driver(settings: Settings, topic: str, run_id: str, start: Placement, per_t
         command += ["--limit", str(limit)]
     run_dir = settings.runs_dir / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "KEYSHIFT_FAILPOINT"}
+    env = masters.child_env(settings, event_log_dir(settings, run_id))
     with (run_dir / "bench-driver.log").open("ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def event_log_dir(settings: Settings, run_id: str) -> Path:
+    """Where the bench's run `run_id` writes Spark's event log (`keyshift.bench.spark_events`):
+    `runs/bench-switch-eventlogs/<run_id>/`, beside the run's folder (which the job makes)."""
+    return settings.runs_dir / "bench-switch-eventlogs" / run_id
 
 
 def _fresh_topic(settings: Settings, label: str, partitions: int) -> str:
@@ -576,7 +584,8 @@ def run_switch_bench(
     Returns:
         The report (also written to `out`): `switches`, `outputs_identical`,
         `late_events_from_switches`, the medians and goals of `summarize`, `windows`, `counts`,
-        `runs`, `settings`, `plot`, `wall_seconds`, `machine` (CPUs and load averages before and after).
+        `runs`, `spark` (each run's `spark_events.breakdown`), `settings` (with `spark_master`), `plot`,
+        `wall_seconds`, `machine` (CPUs and load averages before and after).
 
     Raises:
         ConfigurationError: a bad argument or sequence. JobError: a run or a switch failed.
@@ -590,6 +599,7 @@ def run_switch_bench(
         raise ConfigurationError(f"flights, rate, per_trigger, sample_events must be >= 1 and bound_ms >= 0; got {flights}, {rate},"
                                  f" {per_trigger}, {sample_events}, {bound_ms}")
     stack.require(settings, "kafka", "redis")
+    masters.prepare_master(settings)
     started = time.monotonic()
     load_before = os.getloadavg()
     oracle_id = run_oracle(settings, flights, sequence[0], per_trigger, bound_ms)
@@ -597,7 +607,8 @@ def run_switch_bench(
                                           switch_timeout_s, progress)
     report = build_report(settings, switching_id, oracle_id, records)
     report["settings"] = {"flights": flights, "rate_events_per_s": rate, "max_offsets_per_trigger": per_trigger, "bound_ms": bound_ms,
-                          "sequence": [asdict(p) for p in sequence], "sample_events": sample_events}
+                          "sequence": [asdict(p) for p in sequence], "sample_events": sample_events,
+                          "spark_master": settings.spark_master}
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     # other jobs on the machine lengthen every pause: say how busy it was
     report["machine"] = {"cpus": os.cpu_count(), "load_average_1_5_15_min_before": [round(x, 2) for x in load_before],
@@ -633,4 +644,6 @@ def build_report(settings: Settings, switching_id: str, oracle_id: str, records:
         "counts": counts,
         "throughput_whole_run": {"switching": summary.get("events_per_second"), "oracle": oracle.get("events_per_second")},
         "runs": {"switching": switching_id, "oracle": oracle_id},
+        "spark": {"switching": spark_events.breakdown(event_log_dir(settings, switching_id)),
+                  "oracle": spark_events.breakdown(event_log_dir(settings, oracle_id))},
     }

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from keyshift.bench import masters, spark_events
 from keyshift.errors import ConfigurationError, JobError
 from keyshift.eventtime.watermarks import BACKFILL_IDLE_LAG_MS
 from keyshift.settings import Settings
@@ -95,8 +96,8 @@ def parse_configs(texts: Sequence[str]) -> tuple[Config, ...]:
     return tuple(configs)
 
 
-def _run_child(command: list[str], log_path: Path, timeout_s: float) -> tuple[float, str]:
-    """Run `command`, stderr to `log_path`; return (wall seconds, stdout).
+def _run_child(command: list[str], log_path: Path, timeout_s: float, env: Mapping[str, str]) -> tuple[float, str]:
+    """Run `command` with `env`, stderr to `log_path`; return (wall seconds, stdout).
 
     Raises:
         JobError: a non-zero exit or a timeout (the log's tail is in the message).
@@ -104,7 +105,7 @@ def _run_child(command: list[str], log_path: Path, timeout_s: float) -> tuple[fl
     started = time.monotonic()
     with log_path.open("w") as err:
         try:
-            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout_s, env=os.environ.copy())
+            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout_s, env=dict(env))
         except subprocess.TimeoutExpired as error:
             raise JobError(f"{command[2:4]} timed out after {timeout_s:.0f} s; log {log_path}") from error
     wall = time.monotonic() - started
@@ -114,22 +115,27 @@ def _run_child(command: list[str], log_path: Path, timeout_s: float) -> tuple[fl
     return wall, done.stdout
 
 
-def run_plain(settings: Settings, topic: str, config: Config, out: Path, per_trigger: int, timeout_s: float) -> dict[str, Any]:
-    """One run of the plain job in a child process; its figures plus whole-process seconds."""
+def run_plain(settings: Settings, topic: str, config: Config, out: Path, per_trigger: int, timeout_s: float,
+              event_log_dir: Path | None = None) -> dict[str, Any]:
+    """One run of the plain job in a child process on `settings.spark_master`; its figures plus
+    whole-process seconds, and with `event_log_dir` the run's `spark_events.breakdown` as `spark`."""
     wall, stdout = _run_child(
         [sys.executable, "-m", "keyshift.bench.plain_job", "--topic", topic, "--partitions", str(config.partitions),
          "--out", str(out), "--max-offsets-per-trigger", str(per_trigger)],
-        out.with_suffix(".log"), timeout_s,
+        out.with_suffix(".log"), timeout_s, masters.child_env(settings, event_log_dir),
     )
     result = json.loads(stdout.strip().splitlines()[-1])
     result["process_seconds"] = round(wall, 3)
+    if event_log_dir is not None:
+        result["spark"] = spark_events.breakdown(event_log_dir)
     return result
 
 
 def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, flights: int, per_trigger: int,
-                 timeout_s: float) -> dict[str, Any]:
+                 timeout_s: float, event_log_dir: Path | None = None) -> dict[str, Any]:
     """One run of `keyshift job run flight_delays` (key watermarks, bound one minute) in a child
-    process; its summary, progress and whole-process seconds."""
+    process on `settings.spark_master`; its summary, progress and whole-process seconds, and with
+    `event_log_dir` the run's `spark_events.breakdown` as `spark`."""
     from keyshift.bench.switch import read_progress
 
     log_path = settings.runs_dir / f"{run_id}.log"
@@ -138,7 +144,7 @@ def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, fl
          "--strategy", config.strategy, "--partitions", str(config.partitions), "--watermark", "key", "--bound-ms", "60000",
          "--idle-lag-ms", str(BACKFILL_IDLE_LAG_MS),
          "--limit", str(flights), "--max-offsets-per-trigger", str(per_trigger)],
-        log_path, timeout_s,
+        log_path, timeout_s, masters.child_env(settings, event_log_dir),
     )
     run_dir = settings.runs_dir / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -146,7 +152,7 @@ def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, fl
     reading = [r for r in progress if int(r.get("input_rows") or 0) > 0 and r.get("batch_duration_ms") is not None]
     steady = reading[1:]
     steady_ms = sum(int(r["batch_duration_ms"]) for r in steady)
-    return {
+    result = {
         "events": summary["events_read"],
         "batches": len(progress),
         "query_seconds": summary["wall_seconds"],
@@ -164,6 +170,9 @@ def run_keyshift(settings: Settings, topic: str, config: Config, run_id: str, fl
         "run_dir": str(run_dir),
         "progress": [{k: r.get(k) for k in ("batch_id", "input_rows", "batch_duration_ms")} for r in progress],
     }
+    if event_log_dir is not None:
+        result["spark"] = spark_events.breakdown(event_log_dir)
+    return result
 
 
 def _write_class_archive(settings: Settings, topic: str, config: Config, work: Path, flights: int, per_trigger: int,
@@ -190,7 +199,7 @@ def _row(job: str, config: Config, run: int, result: Mapping[str, Any]) -> dict[
            "driver_peak_rss_bytes": result["driver_peak_rss_bytes"], "python_peak_rss_bytes": result["python_peak_rss_bytes"] or 0,
            "cpu_seconds": result.get("cpu_seconds"), "events_per_cpu_second": result.get("events_per_cpu_second"),
            "progress": result["progress"]}
-    for key in ("late_events", "dead_letters", "reconciled", "windows_equal_reference", "driver_class_archive", "run_dir"):
+    for key in ("late_events", "dead_letters", "reconciled", "windows_equal_reference", "driver_class_archive", "run_dir", "spark"):
         if key in result:
             row[key] = result[key]
     return row
@@ -203,7 +212,7 @@ def cold_start_row(job: str, run: int, result: Mapping[str, Any]) -> dict[str, A
     durations = [b["batch_duration_ms"] / 1000 for b in result["progress"] if b.get("input_rows") and b.get("batch_duration_ms") is not None]
     row = {"job": job, "run": run, "events": result["events"], "first_batch_seconds": result["first_batch_seconds"],
            "steady_batch_seconds": round(statistics.median(durations[1:]), 3) if len(durations) > 1 else None}
-    for key in ("reconciled", "windows_equal_reference"):
+    for key in ("reconciled", "windows_equal_reference", "spark"):
         if key in result:
             row[key] = result[key]
     return row
@@ -374,6 +383,7 @@ def run_throughput_bench(
     from keyshift.quality.reference import compare_to_reference, reference_windows
 
     stack.require(settings, "kafka", "redis")
+    masters.prepare_master(settings)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     work = settings.runs_dir / f"bench-throughput-{stamp}"
     work.mkdir(parents=True, exist_ok=True)
@@ -389,12 +399,14 @@ def run_throughput_bench(
             _write_class_archive(settings, topic, config, work, replay.events_produced, per_trigger, timeout_s)
         for run in range(runs):
             bar.set_postfix_str(f"P={config.partitions} {config.strategy} run {run + 1}: plain")
-            plain = run_plain(settings, topic, config, work / f"plain-{config.partitions}-{run}", per_trigger, timeout_s)
+            name = f"plain-{config.partitions}-{run}"
+            plain = run_plain(settings, topic, config, work / name, per_trigger, timeout_s, work / "eventlogs" / name)
             rows.append(_row("plain", config, run, plain))
             bar.update()
             bar.set_postfix_str(f"P={config.partitions} {config.strategy} run {run + 1}: keyshift")
             run_id = f"{work.name}-ks-{config.partitions}-{config.strategy}-{run}"
-            ours = run_keyshift(settings, topic, config, run_id, replay.events_produced, per_trigger, timeout_s)
+            ours = run_keyshift(settings, topic, config, run_id, replay.events_produced, per_trigger, timeout_s,
+                                work / "eventlogs" / run_id)
             ours["windows_equal_reference"] = compare_to_reference(Path(ours["run_dir"]) / "windows", reference)["equal"]
             rows.append(_row("keyshift", config, run, ours))
             bar.update()
@@ -409,7 +421,8 @@ def run_throughput_bench(
                            "configs": [f"{c.partitions}:{c.strategy}" for c in configs], "keyshift_watermark": "key",
                            "keyshift_bound_ms": 60_000, "keyshift_idle_lag_ms": BACKFILL_IDLE_LAG_MS,
                            "keyshift_class_archive": settings.spark_class_archive, "plain_bound": "48 hours",
-                           "cores": os.cpu_count()}}
+                           "cores": os.cpu_count(), "spark_master": settings.spark_master,
+                           "event_logs": str(work / "eventlogs")}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     plot_throughput(report, out.with_suffix(".png"))
@@ -445,10 +458,13 @@ def _cold_start_runs(settings: Settings, config: Config, work: Path, runs: int, 
     rows: list[dict[str, Any]] = []
     for run in range(runs):
         bar.set_postfix_str(f"cold start run {run + 1}: plain")
-        rows.append(cold_start_row("plain", run, run_plain(settings, topic, config, work / f"cold-plain-{run}", per_trigger, timeout_s)))
+        name = f"cold-plain-{run}"
+        rows.append(cold_start_row("plain", run, run_plain(settings, topic, config, work / name, per_trigger, timeout_s,
+                                                           work / "eventlogs" / name)))
         bar.update()
         bar.set_postfix_str(f"cold start run {run + 1}: keyshift")
-        ours = run_keyshift(settings, topic, config, f"{work.name}-cold-ks-{run}", replay.events_produced, per_trigger, timeout_s)
+        run_id = f"{work.name}-cold-ks-{run}"
+        ours = run_keyshift(settings, topic, config, run_id, replay.events_produced, per_trigger, timeout_s, work / "eventlogs" / run_id)
         ours["windows_equal_reference"] = compare_to_reference(Path(ours["run_dir"]) / "windows", reference)["equal"]
         rows.append(cold_start_row("keyshift", run, ours))
         bar.update()

@@ -12,6 +12,18 @@ from keyshift.cli.topics import quiet_kafka_logs
 from keyshift.settings import DEFAULT_PARTITIONS, Settings
 
 
+def master_option(function):
+    """`--master URL`: the Spark master the bench's jobs run on (default: the settings',
+    `KEYSHIFT_SPARK_MASTER`, `local[*]` unless set)."""
+    return click.option("--master", default=None, metavar="URL",
+                        help="Spark master of the benchmarked jobs, e.g. spark://127.0.0.1:7077 (`keyshift stack up --only spark`)."
+                             "  [default: KEYSHIFT_SPARK_MASTER, local[*]]")(function)
+
+
+def _settings(master: str | None) -> Settings:
+    return Settings(spark_master=master) if master else Settings()
+
+
 @click.group(name="bench")
 def command() -> None:
     """Benchmark keyshift's parts on the real flights and on synthetic keys."""
@@ -89,9 +101,10 @@ def placement(
 @click.option("--sample-events", type=click.IntRange(min=1), default=switch_bench.SAMPLE_EVENTS, show_default=True, help="Records each switch's plan samples.")
 @click.option("--switch-timeout", "switch_timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds one switch may take.")
+@master_option
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def switch(out: Path, flights: int, rate: float, per_trigger: int, bound_ms: int, sequence: str, sample_events: int,
-           switch_timeout_s: float, progress: bool) -> None:
+           switch_timeout_s: float, master: str | None, progress: bool) -> None:
     """Switches of a running job fed at a steady rate: pause, steps, state moved, outputs identical.
 
     Runs an oracle (the same flights, backfilled, no switch), then the flight delay job on a topic
@@ -99,7 +112,7 @@ def switch(out: Path, flights: int, rate: float, per_trigger: int, bound_ms: int
     windows tables. Prints the median pause, the step that dominates it and the issue's goals.
     """
     placements = switch_bench.parse_sequence(sequence)  # a bad sequence fails before anything runs
-    report = switch_bench.run_switch_bench(Settings(), out, flights=flights, rate=rate, per_trigger=per_trigger, bound_ms=bound_ms,
+    report = switch_bench.run_switch_bench(_settings(master), out, flights=flights, rate=rate, per_trigger=per_trigger, bound_ms=bound_ms,
                                     sequence=placements, sample_events=sample_events, switch_timeout_s=switch_timeout_s,
                                     progress=progress)
     click.echo(f"{len(report['switches'])} switches -> {out} (plot {report['plot']})")
@@ -236,9 +249,10 @@ def drift(out: Path, flights: int | None, every: int, per_trigger: int, partitio
 @click.option("--max-offsets-per-trigger", "per_trigger", type=click.IntRange(min=1), default=250_000, show_default=True, help="Records per micro-batch at most, both jobs.")
 @click.option("--cold-start-records", type=click.IntRange(min=0), default=COLD_START_RECORDS, show_default=True,
               help="Flights of the cold-start runs (batch 0 of a small batch, both jobs, --runs each); 0: none.")
+@master_option
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | None, per_trigger: int, cold_start_records: int,
-               progress: bool) -> None:
+               master: str | None, progress: bool) -> None:
     """keyshift's flight delay job against the plain Spark job a user would write instead.
 
     Same topic and records, alternating, each run a process of its own: whole-run and steady
@@ -250,7 +264,7 @@ def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | No
     from keyshift.bench import throughput as bench
 
     chosen = bench.parse_configs(configs or ("8:hash", "32:hot_split"))
-    report = bench.run_throughput_bench(Settings(), out, chosen, runs=runs, flights=flights, per_trigger=per_trigger, progress=progress,
+    report = bench.run_throughput_bench(_settings(master), out, chosen, runs=runs, flights=flights, per_trigger=per_trigger, progress=progress,
                                         cold_start_records=cold_start_records)
     for entry in report["ratio_by_config"]:
         click.echo(f"  P={entry['partitions']} {entry['strategy']}: keyshift {entry['keyshift_events_per_second']} ev/s "
@@ -266,6 +280,37 @@ def throughput(out: Path, configs: tuple[str, ...], runs: int, flights: int | No
         verdict = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
         click.echo(f"  {goal['goal']}: {verdict} ({goal['measured']})")
     click.echo(f"-> {out} (plot {out.with_suffix('.png')})")
+
+
+@command.command(name="compare-masters")
+@click.argument("first", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("second", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSON comparison to write; the PNG goes beside it.")
+def compare_masters(first: Path, second: Path, out: Path) -> None:
+    """Two reports of `bench throughput` (or of `bench switch`) on two Spark masters, side by side.
+
+    FIRST and SECOND are the JSON reports, usually `--master local[*]` and `--master
+    spark://...`. Prints, per job, the medians of both and their difference, and where task
+    time went by Spark's event log (scheduler delay, deserialization, run, shuffle, executor
+    start-up).
+    """
+    import json
+
+    from keyshift.bench import masters
+
+    comparison = masters.compare_reports(json.loads(first.read_text()), json.loads(second.read_text()))
+    comparison["reports"] = [str(first), str(second)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(comparison, indent=1) + "\n")
+    masters.plot_comparison(comparison, out.with_suffix(".png"))
+    first_master, second_master = comparison["masters"]
+    click.echo(f"{comparison['bench']}: {first_master} vs {second_master} -> {out} (plot {out.with_suffix('.png')})")
+    for job, table in comparison["jobs"].items():
+        click.echo(f"  {job}:")
+        for figure, values in table.items():
+            if values["first"] is not None or values["second"] is not None:
+                click.echo(f"    {figure:<38} {values['first']!s:>12} {values['second']!s:>12}  ({values['difference']:+})"
+                           if values["difference"] is not None else f"    {figure:<38} {values['first']!s:>12} {values['second']!s:>12}")
 
 
 @command.command(name="exchange")

@@ -12,12 +12,14 @@ def test_without_secrets_leaves_out_every_password_and_the_environment_gives_the
     monkeypatch.setenv("KEYSHIFT_KAFKA_SASL_USERNAME", "keyshift")
     monkeypatch.setenv("KEYSHIFT_KAFKA_SASL_PASSWORD", "kafka-s3cret")
     monkeypatch.setenv("KEYSHIFT_AIRFLOW_PASSWORD", "airflow-s3cret")
+    monkeypatch.setenv("KEYSHIFT_S3_SECRET_KEY", "s3-s3cret")
     stored = json.dumps(Settings().without_secrets())
     assert "s3cret" not in stored
     rebuilt = Settings(**json.loads(stored))
     assert rebuilt.redis_password.get_secret_value() == "redis-s3cret"
     assert rebuilt.kafka_sasl_password.get_secret_value() == "kafka-s3cret"
     assert rebuilt.airflow_password.get_secret_value() == "airflow-s3cret"
+    assert rebuilt.s3_secret_key.get_secret_value() == "s3-s3cret"
 
 
 def test_the_watch_sensor_defers_with_a_trigger_that_holds_no_password(monkeypatch):
