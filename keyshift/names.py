@@ -26,6 +26,14 @@ YSB_DEAD_LETTER_TOPIC = stack_value("KEYSHIFT_YSB_DEAD_LETTER_TOPIC")
 YSB_LATE_TOPIC = stack_value("KEYSHIFT_YSB_LATE_TOPIC")
 YSB_TOPICS = (YSB_TOPIC, YSB_DEAD_LETTER_TOPIC, YSB_LATE_TOPIC)
 
+END_OF_INPUT_PREFIX = '{"control": "end_of_input"'
+"""Values starting with this are end-of-input markers, not events: `{"control": "end_of_input",
+"run_id": RUN, "event_time": MS}`. A bounded run writes them after draining its input so that the
+watermark passes every open window; they move the watermark of their own run only and are then
+dropped, never counted as events. Defined here, below every writer and reader of a topic (the
+executors' operators among them, which so import no Kafka client), so a producer (the replays)
+can tell them from another writer's records."""
+
 SINK_COMMITS_TOPIC = stack_value("KEYSHIFT_SINK_COMMITS_TOPIC")
 """The topic whose partition 0 carries, per run, the consumer-group offset that a side-output
 transaction commits with its records (last committed batch id + 1; see

@@ -21,6 +21,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from keyshift.errors import ConfigurationError, StackError
+from keyshift.names import END_OF_INPUT_PREFIX
 from keyshift.kafka_clients import client_options
 from keyshift.settings import Settings
 from keyshift.stack.kafka import broker_unreachable, check_broker
@@ -31,13 +32,6 @@ BOOTSTRAP_TIMEOUT_MS = 10_000
 """How long a client waits for the first broker connection before keyshift reports it down."""
 
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-
-END_OF_INPUT_PREFIX = '{"control": "end_of_input"'
-"""Values starting with this are end-of-input markers, not events: `{"control": "end_of_input",
-"run_id": RUN, "event_time": MS}`. A bounded run writes them after draining its input so that the
-watermark passes every open window; they move the watermark of their own run only and are then
-dropped, never counted as events. Defined here, below every writer and reader of a topic, so a
-producer (the replays) can tell them from another writer's records."""
 
 
 def end_of_input_marker(run_id: str, event_time_ms: int) -> bytes:

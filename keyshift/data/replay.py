@@ -804,7 +804,7 @@ def check_growth(
     """Check that each partition's end offset grew by exactly the records a replay sent to it.
 
     A bounded run reading the topic while it is written (issue 33) writes its end-of-input
-    markers (`keyshift.topics.END_OF_INPUT_PREFIX`) into the same partitions once its limit's
+    markers (`keyshift.names.END_OF_INPUT_PREFIX`) into the same partitions once its limit's
     offsets are there, so a partition may grow by more than the replay sent. When `settings` is
     given and a partition grew by more, the extra range is read back and its markers are not
     counted as another writer's records.

@@ -28,7 +28,7 @@ from pyspark.sql import types as T
 from keyshift.errors import JobError
 from keyshift.eventtime.windows import HOUR_MS
 from keyshift.jobs.flight_delays import WINDOW_COLUMNS
-from keyshift.topics import END_OF_INPUT_PREFIX
+from keyshift.names import END_OF_INPUT_PREFIX
 from keyshift.names import RunDir
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
@@ -175,6 +177,33 @@ def _driver_folder(conf: dict[str, str]) -> dict[str, str]:
     return {"cwd": str(folder)}
 
 
+@contextmanager
+def _worker_spark_home() -> Iterator[None]:
+    """`SPARK_HOME` = `keyshift.stack.spark.worker_spark_home` while the driver JVM starts (pyspark's
+    gateway reads it and hands it to the JVM, whose Python workers then import pyspark with its
+    bytecode), unless the environment names a Spark home of its own, which is kept; restored after.
+    A folder that cannot be made leaves pyspark's own home (logged)."""
+    import pyspark
+
+    from keyshift.stack.spark import worker_spark_home
+
+    before = os.environ.get("SPARK_HOME")
+    if before and Path(before).resolve() != Path(pyspark.__file__).resolve().parent:
+        yield
+        return
+    try:
+        os.environ["SPARK_HOME"] = str(worker_spark_home(Settings().cache))
+    except OSError as exc:
+        log.warning("keeping pyspark's SPARK_HOME (its Python workers compile pyspark at each start): %s", exc)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPARK_HOME", None)
+        else:
+            os.environ["SPARK_HOME"] = before
+
+
 def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, str]) -> bool:
     """Start the driver JVM in a session (process group) of its own and make the SparkContext
     with `conf` on it. Returns False (nothing started) when a JVM exists already (under
@@ -209,7 +238,8 @@ def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, 
     if output is None:
         spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
         try:
-            gateway = launch_gateway(spark_conf, popen_kwargs=popen)
+            with _worker_spark_home():
+                gateway = launch_gateway(spark_conf, popen_kwargs=popen)
         except PySparkRuntimeError as exc:
             raise StackError(f"the Spark driver JVM exited while starting ({exc}); its output is above") from exc
         SparkContext(conf=spark_conf, gateway=gateway)
@@ -219,7 +249,7 @@ def _start_jvm(output: Path | None, app_name: str, master: str, conf: dict[str, 
     settings["spark.driver.extraJavaOptions"] = f"{java_options} {runlog.jvm_options()}".strip()
     spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(settings.items()))
     output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("ab") as jvm_stderr:
+    with output.open("ab") as jvm_stderr, _worker_spark_home():
         try:
             gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": 2, "stderr": jvm_stderr, **popen})
         except PySparkRuntimeError as exc:

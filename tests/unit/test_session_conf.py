@@ -97,3 +97,16 @@ def test_local_master_cores(master, cores):
     from keyshift.stack.spark import local_master_cores
 
     assert local_master_cores(master) == cores
+
+
+def test_the_driver_jvm_starts_with_the_worker_spark_home_and_the_environment_gets_its_own_back(monkeypatch, tmp_path):
+    from keyshift.runtime import session
+
+    monkeypatch.setenv("KEYSHIFT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    with session._worker_spark_home():
+        assert os.environ["SPARK_HOME"].startswith(str(tmp_path / "spark-home-"))
+    assert "SPARK_HOME" not in os.environ
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark-4.2.0-bin-hadoop3"))  # a distribution of the user's: kept
+    with session._worker_spark_home():
+        assert os.environ["SPARK_HOME"] == str(tmp_path / "spark-4.2.0-bin-hadoop3")

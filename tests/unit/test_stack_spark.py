@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,21 @@ def test_pom_pins_pysparks_version():
 
     assert pyspark.__version__ == spark.SPARK_VERSION
     assert f"<spark.version>{spark.SPARK_VERSION}</spark.version>" in spark.POM.read_text()
+
+
+def test_worker_spark_home_links_pyspark_without_its_python_zips(tmp_path):
+    import pyspark
+
+    from keyshift.stack.spark import SPARK_HOME_MARKER, worker_spark_home
+
+    real = Path(pyspark.__file__).resolve().parent
+    home = worker_spark_home(tmp_path)
+    assert home == tmp_path / f"spark-home-{pyspark.__version__}"
+    assert (home / "bin").resolve() == real / "bin" and (home / "jars").resolve() == real / "jars"
+    assert (home / "bin" / "spark-submit").is_file()
+    assert not (home / "python").exists()  # so no python/lib/pyspark.zip on the workers' PYTHONPATH
+    assert (real / "python" / "lib" / "pyspark.zip").is_file()  # what it leaves out exists in pyspark's own home
+    assert worker_spark_home(tmp_path) == home  # made once
+    (home / SPARK_HOME_MARKER).write_text("/elsewhere/pyspark")  # pyspark moved: made again
+    assert worker_spark_home(tmp_path) == home and (home / SPARK_HOME_MARKER).read_text() == str(real)
+    assert [p.name for p in tmp_path.iterdir()] == [home.name]  # no staging folder left

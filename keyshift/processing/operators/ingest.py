@@ -9,7 +9,7 @@ the partition's slice, as Spark cuts a task of one Kafka partition (`kafka_parti
 For each chunk it:
 
 1. keeps the run's own records (`keep_own_records`): its events below the run's end offsets and
-   its own end-of-input markers (`keyshift.topics.END_OF_INPUT_PREFIX`); other runs'
+   its own end-of-input markers (`keyshift.names.END_OF_INPUT_PREFIX`); other runs'
    markers and records past the end (a later replay into the same topic) are dropped uncounted;
 2. validates every record by the rules of `keyshift.processing.operators.records` (module docstring, rules
    1 to 7, same reasons in the same order): a record in the spec's canonical shape (the fields in
@@ -68,7 +68,7 @@ from keyshift.processing.operators.records import (
     FILTERED, MAX_CODE_BYTES, key_mismatch, record_columns,
 )
 from keyshift.jobs.spec import JobSpec
-from keyshift.topics import END_OF_INPUT_PREFIX
+from keyshift.names import END_OF_INPUT_PREFIX
 from keyshift.processing.operators.strict_records import control_marker, java_utf8_decode, strict_record
 
 EVENT_TS_COLUMN = "event_ts"

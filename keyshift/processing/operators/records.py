@@ -57,7 +57,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from keyshift.jobs.spec import JobSpec
-from keyshift.topics import END_OF_INPUT_PREFIX
+from keyshift.names import END_OF_INPUT_PREFIX
 
 CORRUPT_COLUMN = "_corrupt_record"
 

@@ -91,7 +91,7 @@ import sys
 import unicodedata
 from decimal import Decimal
 
-from keyshift.topics import END_OF_INPUT_PREFIX
+from keyshift.names import END_OF_INPUT_PREFIX
 from keyshift.processing.operators.records import (
     EMPTY_VALUE,
     FILTERED,
@@ -715,7 +715,7 @@ def _marker_event_time(text: str, name: str) -> int | None:
 
 
 def control_marker(spec: JobSpec, value: bytes | None) -> tuple[str | None, int | None] | None:
-    """What `validate_records` reads from an end-of-input marker (`keyshift.topics.END_OF_INPUT_PREFIX`).
+    """What `validate_records` reads from an end-of-input marker (`keyshift.names.END_OF_INPUT_PREFIX`).
 
     Args:
         spec: the job (its event-time field is the one whose column is `spec.event_time`).
