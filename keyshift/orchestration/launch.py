@@ -58,7 +58,7 @@ from keyshift.orchestration.supervisor import SUPERVISOR_NAME, RestartPolicy, Su
 from keyshift.settings import PROJECT_ROOT, Settings
 from keyshift.stack import process
 from keyshift.stack import executor_env
-from keyshift.stack.spark import is_local_master, jars_option, loopback_env
+from keyshift.stack.spark import is_local_master, jars_option, loopback_env, worker_spark_home_env
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,8 @@ def launch_job(
         supervisor = process.start(
             home, SUPERVISOR, (sys.executable, "-m", "keyshift.orchestration.supervisor", "--spec", str(spec_path(home))),
             # a local driver binds to loopback unless SPARK_LOCAL_IP is set (keyshift.stack.spark)
-            env={**loopback_env(settings), **os.environ, **pipeline.spark_env(), **settings_env(settings)},
+            env={**loopback_env(settings), **os.environ, **pipeline.spark_env(), **settings_env(settings),
+                 **worker_spark_home_env(settings.cache)},  # the driver's Python workers import pyspark with its bytecode
             cwd=PROJECT_ROOT,
         )
         client.hset(key, mapping=RunRecord.encode(supervisor_pid=supervisor.pid,

@@ -288,6 +288,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         in_driver.publish(settings, record)
         record = control.advance(record, "published", None)
     watch: dict[str, Any] | None = None
+    reader_warm = False  # the state data source has run in this JVM (`in_driver.warm_state_reader`)
     while True:
         segment = segments[-1]
         seg_config = segment.config(config)
@@ -375,6 +376,9 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         if watch.get("outcome") == "done":  # its last batch is committed
             query.stop()
             return segments, watch, sink
+        if watch.get("outcome") == "switch" and not reader_warm:
+            # the old query runs on meanwhile: the state reader's first-use cost stays out of the pause
+            reader_warm = in_driver.warm_state_reader(spark, checkpoint, config.input.topic, variables) is not None
         stop_at = time.time()
         stop_at_batch_boundary(query, sink, checkpoint)
         publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut

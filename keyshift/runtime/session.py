@@ -179,22 +179,13 @@ def _driver_folder(conf: dict[str, str]) -> dict[str, str]:
 
 @contextmanager
 def _worker_spark_home() -> Iterator[None]:
-    """`SPARK_HOME` = `keyshift.stack.spark.worker_spark_home` while the driver JVM starts (pyspark's
-    gateway reads it and hands it to the JVM, whose Python workers then import pyspark with its
-    bytecode), unless the environment names a Spark home of its own, which is kept; restored after.
-    A folder that cannot be made leaves pyspark's own home (logged)."""
-    import pyspark
-
-    from keyshift.stack.spark import worker_spark_home
+    """`SPARK_HOME` from `keyshift.stack.spark.worker_spark_home_env` while the driver JVM starts
+    (pyspark's gateway reads it and hands it to the JVM, whose Python workers then import pyspark
+    with its bytecode); the environment's own value is restored after."""
+    from keyshift.stack.spark import worker_spark_home_env
 
     before = os.environ.get("SPARK_HOME")
-    if before and Path(before).resolve() != Path(pyspark.__file__).resolve().parent:
-        yield
-        return
-    try:
-        os.environ["SPARK_HOME"] = str(worker_spark_home(Settings().cache))
-    except OSError as exc:
-        log.warning("keeping pyspark's SPARK_HOME (its Python workers compile pyspark at each start): %s", exc)
+    os.environ.update(worker_spark_home_env(Settings().cache))
     try:
         yield
     finally:

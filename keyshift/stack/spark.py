@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from keyshift.errors import StackError
@@ -171,3 +171,21 @@ def worker_spark_home(cache: Path) -> Path:
             raise
     log.info("SPARK_HOME for the driver JVM: %s (pyspark's %s without python/lib/pyspark.zip)", home, real)
     return home
+
+
+def worker_spark_home_env(cache: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`{"SPARK_HOME": worker_spark_home(cache)}` for a driver JVM started from this environment
+    (by pyspark's gateway, `spark-submit` or the supervisor), or `{}` when `environ` (default
+    `os.environ`) names a Spark home other than pyspark's own (a distribution of the user's, kept)
+    or when the folder cannot be made (logged: the workers then compile pyspark at each start)."""
+    import pyspark
+
+    environ = os.environ if environ is None else environ
+    own = environ.get("SPARK_HOME")
+    if own and Path(own).resolve() != Path(pyspark.__file__).resolve().parent:
+        return {}
+    try:
+        return {"SPARK_HOME": str(worker_spark_home(cache))}
+    except OSError as exc:
+        log.warning("keeping pyspark's SPARK_HOME (its Python workers compile pyspark at each start): %s", exc)
+        return {}

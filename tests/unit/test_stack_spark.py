@@ -76,3 +76,14 @@ def test_worker_spark_home_links_pyspark_without_its_python_zips(tmp_path):
     (home / SPARK_HOME_MARKER).write_text("/elsewhere/pyspark")  # pyspark moved: made again
     assert worker_spark_home(tmp_path) == home and (home / SPARK_HOME_MARKER).read_text() == str(real)
     assert [p.name for p in tmp_path.iterdir()] == [home.name]  # no staging folder left
+
+
+def test_worker_spark_home_env_keeps_a_spark_distribution_of_the_users(tmp_path):
+    import pyspark
+
+    from keyshift.stack.spark import worker_spark_home_env
+
+    own = Path(pyspark.__file__).resolve().parent
+    assert worker_spark_home_env(tmp_path, {})["SPARK_HOME"].startswith(str(tmp_path))
+    assert worker_spark_home_env(tmp_path, {"SPARK_HOME": str(own)})["SPARK_HOME"].startswith(str(tmp_path))  # pyspark's: replaced
+    assert worker_spark_home_env(tmp_path, {"SPARK_HOME": "/opt/spark-4.2.0-bin-hadoop3"}) == {}
