@@ -205,7 +205,10 @@ def test_ysb_launched_by_the_supervisor_survives_two_switches_and_lost_executors
     from tests.integration.flight_runs import batches_done
 
     settings = cluster.model_copy(update={"checkpoint_location": S3_CHECKPOINTS, **S3})
-    rate, duration, per_trigger = 100, 160, 800  # 16,000 events over 160 s of event time, 20 batches
+    # 24,000 events over 240 s of event time, 30 batches: the switches, the executor kill and the worker kill
+    # take about 16 of them (more when the first switch's state-reader warm-up, which runs while the
+    # query goes on, is slow on S3), and the worker kill must find the run still reading
+    rate, duration, per_trigger = 100, 240, 800
     topic = run_id = f"it-cluster-ysb-{uuid.uuid4().hex[:8]}"
     create_topics(settings, [topic], PARTITIONS)
     create_topics(settings, [YSB_DEAD_LETTER_TOPIC, YSB_LATE_TOPIC], PARTITIONS)
@@ -217,9 +220,13 @@ def test_ysb_launched_by_the_supervisor_survives_two_switches_and_lost_executors
     assert not launched.adopted
 
     def _batches(n: int, timeout_s: float = 600) -> None:
+        from keyshift.runs import TERMINAL_STATES, read_run_record
+
         deadline = time.monotonic() + timeout_s
         while batches_done(run_dir) < n:
             assert time.monotonic() < deadline, f"batch {n} not done in {timeout_s} s; driver log {launched.log_path}"
+            state = read_run_record(settings, run_id).get("state")
+            assert state not in TERMINAL_STATES, f"the run ended ({state}) before batch {n}: the test needs a longer input"
             time.sleep(1)
 
     try:
@@ -239,6 +246,7 @@ def _switch_and_kill(settings, cluster, run_id: str, run_dir: Path, launched, wa
     """Two switches, then `kill -9` of an executor, then of the second worker (its JVM and executors); waits
     until the run succeeded."""
     from keyshift.migration.switch import request_switch
+    from keyshift.runs import TERMINAL_STATES, read_run_record
     from keyshift.stack import process, spark_cluster
     from tests.integration.flight_runs import batches_done
 
@@ -259,6 +267,7 @@ def _switch_and_kill(settings, cluster, run_id: str, run_dir: Path, launched, wa
     _batches(batches_done(run_dir) + 3)
     worker = process.read_record(cluster.home, spark_cluster.worker_name(1))
     assert worker is not None
+    assert read_run_record(settings, run_id).get("state") not in TERMINAL_STATES, "the run ended before the worker kill"
     os.killpg(worker.pid, signal.SIGKILL)  # kill -9 of a whole worker: its JVM and its executors
     record = _wait_run(settings, run_id, 900)
     assert record["state"] == "succeeded", (record, Path(launched.log_path).read_text()[-4000:])
