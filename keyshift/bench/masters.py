@@ -46,7 +46,6 @@ def child_env(settings: Settings, event_log_dir: Path | None = None, base: Mappi
     return env
 
 
-
 def prepare_master(settings: Settings) -> None:
     """On a cluster master (`settings.spark_master` not `local[...]`): check that the stack's own
     master answers with its workers, when it is that one, and build the executors' packed
@@ -66,7 +65,6 @@ def prepare_master(settings: Settings) -> None:
         stack.require(settings, "spark")
     package = executor_env.build(settings, settings.spark_executor_python)
     log.info("Spark master %s: executors get %s", settings.spark_master, package.spark_conf().get("spark.archives"))
-
 
 
 # --- comparing two reports ------------------------------------------------------------------

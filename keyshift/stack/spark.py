@@ -153,7 +153,11 @@ def worker_spark_home(cache: Path) -> Path:
     real = Path(pyspark.__file__).resolve().parent
     home = cache / f"spark-home-{pyspark.__version__}"
     marker = home / SPARK_HOME_MARKER
-    if marker.is_file() and marker.read_text() == str(real):
+
+    def ready() -> bool:
+        return marker.is_file() and marker.read_text() == str(real)
+
+    if ready():
         return home
     staging = home.with_name(f"{home.name}.{os.getpid()}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -162,13 +166,14 @@ def worker_spark_home(cache: Path) -> Path:
         if entry.name not in ("python", "__pycache__"):
             (staging / entry.name).symlink_to(entry)
     (staging / SPARK_HOME_MARKER).write_text(str(real))
-    shutil.rmtree(home, ignore_errors=True)
-    try:
-        staging.rename(home)
-    except OSError:  # another process made it meanwhile
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (marker.is_file() and marker.read_text() == str(real)):
-            raise
+    if not ready():  # another process may have made it meanwhile, and a driver may use it: keep it
+        shutil.rmtree(home, ignore_errors=True)  # one of another pyspark installation
+        try:
+            staging.rename(home)
+        except OSError:  # another process made it in between
+            if not ready():
+                raise
+    shutil.rmtree(staging, ignore_errors=True)
     log.info("SPARK_HOME for the driver JVM: %s (pyspark's %s without python/lib/pyspark.zip)", home, real)
     return home
 
