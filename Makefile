@@ -54,11 +54,26 @@ docs: env
 	NO_MKDOCS_2_WARNING=1 PYTHONWARNINGS=ignore::DeprecationWarning $(BIN)/mkdocs build --strict --quiet --site-dir .keyshift/site
 	@echo "docs: .keyshift/site/index.html"
 
+# The cluster tests (marker `cluster`: a Kafka, HDFS, S3 and Spark cluster of their own, on ports of
+# their own) run in a second pytest process beside the rest, which would otherwise wait 15 to 20
+# minutes for them; their output follows the rest's summary, and either failing fails the target.
+CLUSTER_LOG := .keyshift/logs/pytest-cluster.log
+define run_tests
+	@mkdir -p .keyshift/logs; \
+	echo "the cluster tests run beside the others in a second pytest process; their output: $(CLUSTER_LOG)"; \
+	$(BIN)/python -m pytest -ra --durations=10 -p no:cacheprovider --basetemp=.keyshift/pytest-cluster -m cluster $(1) tests/integration \
+	  > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
+	$(BIN)/python -m pytest -ra --durations=20 -m "not cluster" $(1) tests; rest=$$?; \
+	wait $$cluster; clustered=$$?; \
+	echo "=================== the cluster tests ($(CLUSTER_LOG)) ==================="; cat $(CLUSTER_LOG); \
+	test $$rest -eq 0 && test $$clustered -eq 0
+endef
+
 test: lint docs stack browser
-	$(BIN)/python -m pytest -ra --durations=20 tests
+	$(call run_tests,)
 
 test-all: stack browser
-	$(BIN)/python -m pytest -ra --durations=20 --run-slow tests
+	$(call run_tests,--run-slow)
 
 # The package's layers (pyproject.toml [tool.importlinter]): an import up a layer fails.
 lint: env

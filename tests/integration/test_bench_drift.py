@@ -24,6 +24,7 @@ FLIGHTS = 3_000_000 // EVERY
 DAY_MS = 86_400_000
 
 
+@pytest.mark.slow  # eleven driver processes, 7 to 8 min; the drift itself is test_partition_drift's and test_partition_alignment's
 def test_bench_drift_reports_every_mode_and_the_plain_job(stack_settings, tmp_path):
     from keyshift.bench.drift import ROW_FIELDS
     from keyshift.bench.report import drift_goals, identify_bench

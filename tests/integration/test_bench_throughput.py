@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 FLIGHTS = 20_000
 
 
+@pytest.mark.slow  # four driver processes, 2 min: the bench's own check (its options are checked below)
 def test_plain_and_keyshift_jobs_on_the_same_topic_report_the_issue_shape(stack_settings, tmp_path):
     from keyshift.bench.throughput import ROW_FIELDS, Config, run_throughput_bench
 

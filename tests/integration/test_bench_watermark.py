@@ -20,6 +20,7 @@ ISSUE_FIELDS = {"mode", "disorder", "events_per_second", "late_fraction", "laten
 ROW_FIELDS = ISSUE_FIELDS | {"bound_ms", "events", "late_events", "windows", "windows_equal_reference"}
 
 
+@pytest.mark.slow  # twelve runs, 2 min; the watermark modes themselves are test_key_watermarks_job's and test_disordered_replay's
 def test_key_and_global_at_two_disorder_levels_report_the_issue_shape(stack_settings, spark, tmp_path):
     from keyshift.bench.watermark import BenchSettings, run_watermark_bench
 

@@ -82,7 +82,8 @@ def oracle(stack_settings, round_robin_topic, tmp_path_factory):
     return {"summary": summary, "windows": windows(stack_settings, run_id), "outputs": side_outputs(stack_settings, run_id)}
 
 
-@pytest.mark.parametrize("options", [("--exchange", "global_merge"), ("--exchange", "plain"), ("--emit", "window")],
+@pytest.mark.parametrize("options", [("--exchange", "global_merge"), pytest.param(("--exchange", "plain"), marks=pytest.mark.slow),
+                                     pytest.param(("--emit", "window"), marks=pytest.mark.slow)],
                          ids=["global_merge", "plain", "emit-window"])
 def test_every_exchange_gives_the_default_runs_outputs_exactly_once(stack_settings, round_robin_topic, oracle, options, tmp_path):
     run_id = f"it-exchange-{options[-1].replace('_', '-')}-{uuid.uuid4().hex[:6]}"

@@ -54,7 +54,7 @@ def reference(settings):
     return reference_windows(flights_path(settings), limit=FLIGHTS)
 
 
-@pytest.mark.parametrize(("strategy", "partitions"), [("hash", 8), ("least_count", 8), ("hot_split", 32)])
+@pytest.mark.parametrize(("strategy", "partitions"), [("hash", 8), pytest.param("least_count", 8, marks=pytest.mark.slow), ("hot_split", 32)])
 def test_key_watermarks_with_a_one_minute_bound_lose_no_flight(settings, spark, reference, strategy, partitions):
     from pathlib import Path
 

@@ -56,7 +56,7 @@ def backfills(settings):
 @pytest.mark.parametrize(("variant", "mode", "drift_ms"), [
     ("popularity", "partition", DAY_MS),
     ("popularity", "key", 3_600_000),
-    ("partition_offsets", "partition", DAY_MS),
+    pytest.param("partition_offsets", "partition", DAY_MS, marks=pytest.mark.slow),  # the other drift shape: make test-all
 ])
 def test_an_aligned_backfill_loses_nothing_and_keeps_the_partitions_within_the_bound(settings, spark, backfills, variant,
                                                                                    mode, drift_ms):
@@ -92,6 +92,7 @@ def _cli(topic: str, run_id: str, flights: int, mode: str) -> list[str]:
             "--max-partition-drift-ms", str(DAY_MS), "--idle-timeout", "240"]
 
 
+@pytest.mark.slow  # 80 s; a kill and resume of a drifted backfill is test_partition_drift's (unaligned)
 def test_an_aligned_backfill_killed_mid_way_resumes_to_the_same_windows(settings, backfills, tmp_path):
     from tests.integration.flight_runs import KEYSHIFT, batches_done, start, wait_for
 
@@ -109,6 +110,7 @@ def test_an_aligned_backfill_killed_mid_way_resumes_to_the_same_windows(settings
     assert_lossless(summary, reference, flights)
 
 
+@pytest.mark.slow  # 90 s; a switch in a drifted backfill is test_partition_drift's (unaligned)
 def test_a_switch_in_an_aligned_backfill_keeps_the_windows(settings, backfills, tmp_path):
     """The switch's new query starts the aligned source at the offsets the old one ended at."""
     from keyshift.migration.switch import request_switch

@@ -87,9 +87,10 @@ def _run(settings, spark, topic: str, flights: int, strategy: str, partitions: i
 
 @pytest.mark.parametrize(("variant", "strategy", "partitions", "modes"), [
     ("popularity", "hash", 8, ("key", "dynamic", "partition", "global")),
-    ("popularity", "least_count", 8, ("key", "partition")),
-    ("popularity", "hot_split", 32, ("key", "partition")),
-    ("partition_offsets", "hash", 8, ("key", "nkey", "partition", "global")),
+    # the same clocks under the other placements: make test-all
+    pytest.param("popularity", "least_count", 8, ("key", "partition"), marks=pytest.mark.slow),
+    pytest.param("popularity", "hot_split", 32, ("key", "partition"), marks=pytest.mark.slow),
+    pytest.param("partition_offsets", "hash", 8, ("key", "nkey", "partition", "global"), marks=pytest.mark.slow),
 ])
 def test_a_drifted_backfill_loses_nothing_to_the_drift(settings, spark, drifted, variant, strategy, partitions, modes):
     topic, reference, flights = drifted[variant][partitions]
