@@ -48,9 +48,11 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from keyshift.errors import ConfigurationError, DataError
+from keyshift.deferred_import import deferred_module
+
+pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 UPDATE_COLUMNS: tuple[str, ...] = ("start_ms", "count", "sum", "max")
 """Columns of an updates frame (after the key column, when there is one)."""

@@ -89,7 +89,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
@@ -100,6 +99,9 @@ from keyshift.eventtime.key_windows import STATE_BYTES_PER_EVENT, STATE_HEADER_B
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, is_group_clock, watermark_key
 from keyshift.processing.operators.state_variables import MapStateVariable, restore_initial_state
 from keyshift.processing.operators.output_rows import OutputRows, one_frame
+from keyshift.deferred_import import deferred_module
+
+pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 KIND_KEY_WINDOW = "key_window"
 KIND_LATE = "late"

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
@@ -36,6 +35,9 @@ from keyshift.placement.strategies import place_events
 from keyshift.processing.operators.exchange import Emit, merge_segments
 from keyshift.processing.operators.records import FILTERED, parsed_columns
 from keyshift.jobs.spec import JobSpec
+from keyshift.deferred_import import deferred_module
+
+pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 EMIT_BATCH = Emit("batch")
 """Local Merge's default emit mode: a task's whole slice of the micro-batch at once."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
-import pandas as pd
+from keyshift.deferred_import import deferred_module
+
+pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 
 class OutputRows(NamedTuple):
@@ -32,7 +34,8 @@ class OutputRows(NamedTuple):
     columns: Mapping[str, Any]
 
 
-_MASKED = {"i": pd.arrays.IntegerArray, "u": pd.arrays.IntegerArray, "f": pd.arrays.FloatingArray, "b": pd.arrays.BooleanArray}
+_MASKED = {"i": "IntegerArray", "u": "IntegerArray", "f": "FloatingArray", "b": "BooleanArray"}
+"""dtype kind -> the name of pandas' masked array for it (in `pd.arrays`)."""
 
 
 def rows_frame(pieces: Sequence[OutputRows], column_names: Sequence[str]) -> pd.DataFrame:
@@ -95,7 +98,8 @@ def _with_nulls(given: list[tuple[int, np.ndarray | None]], total: int) -> Any:
     """One column from pieces some of which lack it (None): masked when every given piece is of
     one numeric or boolean kind, else object with None."""
     kinds = {values.dtype.kind for _n, values in given if values is not None}
-    masked = _MASKED.get(kinds.pop()) if len(kinds) == 1 else None
+    name = _MASKED.get(kinds.pop()) if len(kinds) == 1 else None
+    masked = getattr(pd.arrays, name) if name else None
     if masked is not None:
         dtype = np.result_type(*[values.dtype for _n, values in given if values is not None])
         out, mask = np.zeros(total, dtype=dtype), np.ones(total, dtype=bool)

@@ -67,7 +67,6 @@ import time
 from typing import Any, Iterator
 
 import numpy as np
-import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
@@ -78,6 +77,9 @@ from keyshift.processing.operators.state_variables import MapStateVariable, rest
 from keyshift.processing.operators.local_merge import list_column
 from keyshift.processing.operators.output_rows import OutputRows, one_frame
 from keyshift.jobs.spec import SPARK_TYPES, JobSpec
+from keyshift.deferred_import import deferred_module
+
+pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 KIND_WINDOW = "window"
 KIND_LATE = "late"

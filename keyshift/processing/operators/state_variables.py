@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
+from keyshift.deferred_import import deferred_module
+
+pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 STATE_VAR_COLUMN = "state_var"
 """Column of the initial-state rows naming the state variable a row restores."""
