@@ -55,17 +55,19 @@ docs: env
 	@echo "docs: .keyshift/site/index.html"
 
 # The cluster tests (marker `cluster`: a Kafka, HDFS, S3 and Spark cluster of their own, on ports of
-# their own) run in a second pytest process beside the rest, which would otherwise wait 15 to 20
-# minutes for them; their output follows the rest's summary, and either failing fails the target.
+# their own), then the unit tests (no service), run in a second pytest process beside the stack's
+# tests, which would otherwise wait 25 to 35 minutes for them; their output follows the rest's
+# summary, and any of them failing fails the target.
 CLUSTER_LOG := .keyshift/logs/pytest-cluster.log
 define run_tests
 	@mkdir -p .keyshift/logs; \
-	echo "the cluster tests run beside the others in a second pytest process; their output: $(CLUSTER_LOG)"; \
-	$(BIN)/python -m pytest -ra --durations=10 -p no:cacheprovider --basetemp=.keyshift/pytest-cluster -m cluster $(1) tests/integration \
-	  > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
-	$(BIN)/python -m pytest -ra --durations=20 -m "not cluster" $(1) tests; rest=$$?; \
+	echo "the cluster tests, then the unit tests, run beside the others in a second pytest process; their output: $(CLUSTER_LOG)"; \
+	{ $(BIN)/python -m pytest -ra --durations=10 -p no:cacheprovider --basetemp=.keyshift/pytest-cluster -m cluster $(1) tests/integration; \
+	  c=$$?; $(BIN)/python -m pytest -ra --durations=10 -p no:cacheprovider --basetemp=.keyshift/pytest-unit $(1) tests/unit; \
+	  u=$$?; test $$c -eq 0 && test $$u -eq 0; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
+	$(BIN)/python -m pytest -ra --durations=20 -m "not cluster" $(1) tests/dags tests/integration; rest=$$?; \
 	wait $$cluster; clustered=$$?; \
-	echo "=================== the cluster tests ($(CLUSTER_LOG)) ==================="; cat $(CLUSTER_LOG); \
+	echo "=================== the cluster and unit tests ($(CLUSTER_LOG)) ==================="; cat $(CLUSTER_LOG); \
 	test $$rest -eq 0 && test $$clustered -eq 0
 endef
 

@@ -25,6 +25,9 @@ DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"
 MAX_RETRIES = 0
 IMPORT_BUDGET_S = 60.0
 """Seconds an isolated `python` may take to import a DAG file, Airflow itself included."""
+DAGBAG_IMPORT_TIMEOUT_S = 30.0
+"""Airflow's `[core] dagbag_import_timeout` default: the dag processor gives up on a DAG file whose
+import takes longer. (A 10 s bound failed at 16.6 s on a 2-core machine at load 10.)"""
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,6 @@ def test_import_does_no_io(path, tmp_path):
     subprocess.run([sys.executable, "-c", "import airflow.sdk"], env=env, capture_output=True, timeout=120)
     probe = probe_import(path, env, tmp_path, folders=("dags", "keyshift"), timeout_s=IMPORT_BUDGET_S)
     assert not probe.io, f"importing {path.name} did I/O:\n" + "\n".join(probe.io)
-    assert probe.elapsed_s < 10.0, f"importing {path.name} took {probe.elapsed_s:.1f} s after Airflow was loaded"
+    assert probe.elapsed_s < DAGBAG_IMPORT_TIMEOUT_S, f"importing {path.name} took {probe.elapsed_s:.1f} s after Airflow was loaded"
     assert not (tmp_path / "absent-runs").exists(), "the DAG file created the runs folder at import"
     assert probe.wall_s < IMPORT_BUDGET_S
