@@ -296,6 +296,12 @@ class RunDir:
         `checkpoint-1`, `checkpoint-2`, ..."""
         return RunDir.FIRST_CHECKPOINT if index == 0 else f"{RunDir.FIRST_CHECKPOINT}-{index}"
 
+    def handover(self, switch_id: str, batch_id: int) -> Path:
+        """The state snapshot that switch `switch_id`'s barrier batch (run-wide id `batch_id`)
+        handed over (`keyshift.processing.outputs.handover`):
+        `switches/<switch_id>/handover-<batch_id>.parquet`."""
+        return self.path / "switches" / switch_id / f"handover-{int(batch_id)}.parquet"
+
     @staticmethod
     def migrated_state_name(switch_id: str) -> str:
         """The migrated state file of switch `switch_id`, relative to the run folder (a segment's

@@ -30,10 +30,15 @@ late events minus the oracle's.
 
 Figures (the JSON written to `out`; times are wall-clock seconds, throughputs events/s):
 
-* per switch: `pause_seconds` (the stop request to the first batch the new query commits, as
-  the driver measures it), `step_seconds` (seconds per step of the switch record: `requested`
-  is the plan, made while the old query still runs; `verified` follows the first commit; the
-  steps between make up the pause), `dominant_step` (the pause's longest step, or `unmeasured`
+* per switch: `pause_seconds` (from the moment the old query stops taking batches, the commit
+  of its barrier batch, to the first batch the new query commits, as the driver measures it:
+  the time no batch of the run is processed), `request_to_first_commit_seconds` (from the
+  driver's barrier request, the pause plus the barrier batch), `step_seconds` (seconds per
+  step of the switch record: `requested` is the plan, made while the old query still runs;
+  `barrier_batch` is the old query's last batch, which processes events and hands the state
+  over; `verified` follows the first commit; the steps between make up the pause),
+  `state_source` (`handover`: the barrier batch's snapshot; `checkpoint`: the state reader,
+  when no barrier batch came), `dominant_step` (the pause's longest step, or `unmeasured`
   when the pause minus its measured steps is longer), `state_rows_moved` (state rows written
   into the new checkpoint's initial state: a switch rebuilds every key's state, moved or not;
   timers excluded), `state_bytes_moved` (bytes of the state values of the keys whose slot
@@ -46,7 +51,7 @@ Figures (the JSON written to `out`; times are wall-clock seconds, throughputs ev
   that batch is missing from them and from the plot).
 * `outputs_identical`: the windows tables of both runs, `slot` and `epoch` dropped, sorted by
   origin and window start, equal row by row; `counts` compares the runs' summary counts.
-* `median_pause_seconds`, `median_step_seconds` (per step over the switches), `dominant_step`
+* `median_pause_seconds`, `median_request_to_first_commit_seconds`, `median_step_seconds` (per step over the switches), `dominant_step`
   (the pause step with the largest median), `goals` (the issue's targets with their values).
 
 The plot (`out` with suffix `.png`): events per slot per batch over time since the switching
@@ -102,9 +107,10 @@ SAMPLE_EVENTS = 100_000
 SEQUENCE = "hash:8,least_count,hot_split,least_count:12,least_count:8,hash"
 """Default placements: the first is the job's start, each later one a switch (STRATEGY[:P])."""
 
-NOT_IN_PAUSE = ("requested", "verified", "done")
-"""Steps of `step_seconds` outside the pause: the plan comes before the stop request, the
-verification after the first commit."""
+NOT_IN_PAUSE = ("requested", "barrier_batch", "verified", "done")
+"""Steps of `step_seconds` outside the pause: the plan comes before the stop request, and so
+does the barrier batch (the old query's last, whole batch, in which it hands its state over:
+it processes events), the verification after the first commit."""
 
 COUNTS = ("events_read", "windows_emitted", "sum_window_counts", "alerts", "late_events", "dead_letters", "pending_events")
 """Summary counts the two runs must share."""
@@ -275,6 +281,8 @@ def switch_entry(record: Mapping[str, Any], progress: Sequence[Mapping[str, Any]
         "min_moved_share": least,
         "moved_share_over_min": round(moved / least, 3) if moved is not None and least else None,
         "in_driver": bool(record.get("in_driver")),
+        "state_source": record.get("state_source"),
+        "request_to_first_commit_seconds": round(pause + steps.get("barrier_batch", 0.0), 3),
         "load_average_1min": record.get("load_average_1min"),
         "stop_requested_s": round(requested - origin_ms / 1000, 3) if origin_ms is not None and requested else None,
         "throughput_before": segment_throughput(progress, segment - 1, skip_first=segment - 1 > 0),
@@ -304,6 +312,8 @@ def summarize(switches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     return {
         "median_pause_seconds": round(statistics.median(pauses), 3) if pauses else None,
+        "median_request_to_first_commit_seconds":
+            round(statistics.median(s["request_to_first_commit_seconds"] for s in switches), 3) if switches else None,
         "max_pause_seconds": max(pauses) if pauses else None,
         "median_pause_seconds_by_mode": {mode: (round(statistics.median(v), 3) if v else None) for mode, v in by_mode.items()},
         "median_step_seconds": steps,

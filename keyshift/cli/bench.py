@@ -117,10 +117,12 @@ def switch(out: Path, flights: int, rate: float, per_trigger: int, bound_ms: int
                                     progress=progress)
     click.echo(f"{len(report['switches'])} switches -> {out} (plot {report['plot']})")
     for s in report["switches"]:
-        click.echo(f"  {s['from']} -> {s['to']}: pause {s['pause_seconds']:.2f} s (longest step {s['dominant_step']}), "
+        click.echo(f"  {s['from']} -> {s['to']}: pause {s['pause_seconds']:.2f} s (longest step {s['dominant_step']}; "
+                   f"{s['request_to_first_commit_seconds']:.2f} s from the request, state from the {s['state_source']}), "
                    f"{s['state_rows_moved']:,} state rows, {s['state_bytes_moved']:,} bytes moved, moved share "
                    f"{s['moved_share']:.3f} (min {s['min_moved_share']:.3f}), in driver: {s['in_driver']}")
-    click.echo(f"  median pause {report['median_pause_seconds']} s, dominated by {report['dominant_step']} "
+    click.echo(f"  median pause {report['median_pause_seconds']} s ({report['median_request_to_first_commit_seconds']} s from "
+               f"the request), dominated by {report['dominant_step']} "
                f"(median seconds per step {report['median_step_seconds']})")
     click.echo(f"  outputs identical: {report['outputs_identical']}, late events from switches: {report['late_events_from_switches']}")
     for name, target in report["goals"].items():

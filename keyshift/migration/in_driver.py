@@ -20,6 +20,7 @@ from keyshift.checkpoint_files import CheckpointFiles, sibling
 from keyshift.console import STEP
 from keyshift.errors import JobError
 from keyshift.migration.state import read_state, rekey_state, save_migrated, verify_placement
+from keyshift.processing.outputs.handover import read_snapshot
 from keyshift.processing.operators.state_variables import MapStateVariable
 from keyshift.migration.switch import SwitchControl, step_index
 from keyshift.migration.switch_record import SwitchRecord
@@ -129,8 +130,13 @@ def migrate(
     t = time.monotonic()
     partitions = int(record.partitions_to)
     stateful_partitions = capped_stateful_partitions(partitions, max_stateful_partitions)
+    source = "checkpoint"
     if cut is not None:
-        state, timers = read_state(spark, old_checkpoint, variables, cut)
+        # the barrier batch's own snapshot of the state, when it is the cut and complete; else the state reader
+        handed = read_snapshot(RunDir(run_dir).handover(record.switch_id, old.batch_base + cut), variables,
+                               slot_tokens(old.partitions, old.stateful_partitions))
+        state, timers = handed if handed is not None else read_state(spark, old_checkpoint, variables, cut)
+        source = "handover" if handed is not None else source
     else:
         import pandas as pd
 
@@ -145,7 +151,7 @@ def migrate(
     index = old.index + 1
     state_file = RunDir.migrated_state_name(record.switch_id)
     save_migrated(migrated, run_dir / state_file)
-    record = control.advance(record, "migrated", time.monotonic() - t, migration=migrated.summary())
+    record = control.advance(record, "migrated", time.monotonic() - t, migration=migrated.summary(), state_source=source)
     failpoint("switch.migrated", number)
 
     t = time.monotonic()
@@ -177,7 +183,8 @@ def migrate(
     publish(settings, record)
     record = control.advance(record, "published", time.monotonic() - t, published_at=time.time())
     failpoint("switch.published", number)
-    log.info("switch %s: migrated %s in %.2f s", record.switch_id, migrated.summary(), time.monotonic() - started,
+    log.info("switch %s: migrated %s (state from the %s) in %.2f s", record.switch_id, migrated.summary(), source,
+             time.monotonic() - started,
              extra=STEP)
     return segments
 

@@ -9,15 +9,15 @@ record in Redis and waits while the job's driver carries it out
 | step | what | recorded as |
 | --- | --- | --- |
 | plan | new assignment, moved share against the minimum | `plan` |
-| barrier | the sink refuses batches after the cut; the query stops at the batch boundary | `stopped`: last committed batch, its Kafka offsets, the next watermark |
-| migrate | state read, re-keyed, saved (`keyshift.migration.state`) | `migrated` |
+| barrier | one more whole batch, the barrier batch, in which the old query hands its state over (`keyshift.processing.operators.handover`); the sink refuses batches after it; the query stops at the batch boundary | `barrier_batch` (outside the pause), `stopped`: last committed batch, its Kafka offsets, the next watermark |
+| migrate | state taken from the barrier batch's snapshot, or read from the checkpoint without one; re-keyed, saved (`keyshift.migration.state`) | `migrated`, `state_source` |
 | segment | the new query's segment appended to the run's job record: the commit point | `segment` |
 | publish | epoch e+1 in Redis (producers and executors follow it) | `published` |
 | verify | after the new query's first commit: keys on their slots, state conserved | `verified`, then `done` |
 
 The cut (paper 000 §4.2.3, the barrier). Let C be the last micro-batch the old query commits.
 Every Kafka record below the offsets C ended at (`offsets/C` of the old checkpoint) was processed
-by the old query under epoch e, and its effect is in the state at C (the state reader's batch C);
+by the old query under epoch e, and its effect is in the state at C (the barrier batch's snapshot, or the state reader's batch C);
 every record at or past those offsets is processed by the new query, under epoch e+1. So each
 event is processed under exactly one epoch, and each key's migrated state holds exactly the
 events before the cut. The new query starts reading at those offsets, its batch ids continue
@@ -29,7 +29,9 @@ the new query places them by key under e+1 all the same (only Ahead KeyBy is los
 Crash safety. Every step is idempotent and recorded; the commit point is the segment. A driver
 that dies before it (kill -9 at any step) leaves the old checkpoint untouched and nothing
 published: the resumed driver (`keyshift switch` again restarts it, or the supervisor does)
-redoes the switch from the old checkpoint at rest. A driver that dies after it resumes the new
+redoes the switch from the old checkpoint at rest (with the barrier batch's snapshot if that
+batch was committed, since the snapshot is written before the commit and named by switch and
+batch; else with the state reader at the last committed batch). A driver that dies after it resumes the new
 segment (the saved initial state is handed again until its first commit) and finishes publish
 and verify. A new query that fails before its first commit rolls back: the segment is removed,
 the old assignment republished as a newer epoch, and the old query resumes. Two switches of

@@ -42,8 +42,16 @@ class SwitchRecord:
         state: requested | running | done | failed | rolled_back.
         step_seconds: step -> seconds it took (also `start_query`, `first_batch`).
         updated_at: epoch seconds of the last save.
-        stop_requested_at: epoch seconds when the driver asked its query to stop: the pause
-            starts there.
+        stop_requested_at: epoch seconds when the old query stopped taking batches: the pause
+            starts there. With a state handover, the barrier batch's commit (the query processed
+            events until then); without, when the driver closed the sink's barrier (the batch in
+            the sink then still finishes, inside the pause).
+        barrier_requested_at: epoch seconds when the driver asked for a barrier batch (the
+            handover); its step `barrier_batch` (request to the barrier batch's commit) is
+            processing time, outside the pause.
+        state_source: where the migrated state came from: `handover` (the barrier batch's
+            snapshot, `keyshift.processing.outputs.handover`) or `checkpoint` (Spark's state
+            data source on the old checkpoint, when no complete snapshot exists).
         cut_batch: the old query's last committed batch (its query batch id; None: it committed
             none). cut_offsets: partition (text) -> Kafka offset the new query starts at.
         watermark_floor_ms: ms of event time the new query's watermark starts from.
@@ -81,6 +89,8 @@ class SwitchRecord:
     step_seconds: dict[str, float] = field(default_factory=dict)
     updated_at: float | None = None
     stop_requested_at: float | None = None
+    barrier_requested_at: float | None = None
+    state_source: str | None = None
     cut_batch: int | None = None
     cut_offsets: dict[str, int] | None = None
     watermark_floor_ms: int | None = None

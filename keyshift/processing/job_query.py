@@ -129,8 +129,11 @@ def job_stream(
     source = kafka_rows.select("key", "value", "partition", "offset")
     if config.source_tasks < config.placement.partitions:  # no shuffle: each task reads a range of Kafka partitions
         source = source.coalesce(config.source_tasks)
+    # a keyed window job's switch hands its state over in a barrier batch that reaches every token
+    barrier = None if spec.key_windows or config.exchange.mode == "global_merge" \
+        else slot_tokens(config.placement.partitions, config.placement.stateful_partitions)
     staged = source.mapInArrow(
-        ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup), stage_schema(row_schema),
+        ingest_function(spec, context, rows_of, row_schema, event_times_of, lookup, barrier), stage_schema(row_schema),
     )
     if config.exchange.mode == "global_merge":  # no shuffle: foreachBatch merges (keyshift.processing.operators.global_merge)
         return staged.withWatermark(EVENT_TS_COLUMN, f"{policy.spark_delay_ms} milliseconds")

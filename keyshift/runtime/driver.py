@@ -51,7 +51,7 @@ from keyshift.processing.outputs.key_window_sink import KeyWindowSink, kept_even
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
 from keyshift.runtime.driver_switch import (
-    conservation_check, hold_markers_batch, hold_new_query_batch, refuse_switch, settle_switch_at_stop,
+    await_barrier_batch, conservation_check, hold_markers_batch, hold_new_query_batch, refuse_switch, settle_switch_at_stop,
     switch_held_for_markers
 )
 from keyshift.migration.switch_record import SwitchRecord
@@ -376,10 +376,15 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         if watch.get("outcome") == "done":  # its last batch is committed
             query.stop()
             return segments, watch, sink
-        if watch.get("outcome") == "switch" and not reader_warm:
-            # the old query runs on meanwhile: the state reader's first-use cost stays out of the pause
-            reader_warm = in_driver.warm_state_reader(spark, checkpoint, config.input.topic, variables) is not None
-        stop_at = time.time()
+        barrier_at = time.time()
+        cut_at = None
+        if watch.get("outcome") == "switch":
+            # one more whole batch, in which the old query hands its state over and after which it stops
+            cut_at = await_barrier_batch(query, sink, checkpoint, stop_requested, watch["switch_record"].switch_id)
+            if cut_at is None and not reader_warm:
+                # the switch reads the checkpoint: the state reader's first-use cost stays out of the pause
+                reader_warm = in_driver.warm_state_reader(spark, checkpoint, config.input.topic, variables) is not None
+        stop_at = cut_at or time.time()
         stop_at_batch_boundary(query, sink, checkpoint)
         publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
         if watch.get("outcome") == "stopped":
@@ -387,6 +392,9 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                 settle_switch_at_stop(control, switching, checkpoint, config, finish_switch)
             return segments, watch, sink
         record = watch.pop("switch_record")
+        if cut_at is not None:
+            record.barrier_requested_at = barrier_at
+            record.step_seconds["barrier_batch"] = round(cut_at - barrier_at, 3)
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at,
                                      config.placement.max_stateful_partitions)
         record = control.current()

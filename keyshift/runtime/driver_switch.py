@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 
 from keyshift.console import STEP
+from keyshift.errors import JobError
 from keyshift.processing.job_config import JobConfig
 from keyshift.migration.switch_record import SwitchRecord
 from keyshift.processing.job_record import Segment
@@ -25,6 +27,64 @@ from keyshift.processing.spark_checkpoint import committed_batches, pending_even
 
 
 log = logging.getLogger(__name__)
+
+BARRIER_IDLE_S = 3.0
+"""Seconds a switch waits, with no batch in the sink, for the barrier batch to come before it
+stops the query at once and reads the state from the checkpoint instead (a feed that stopped:
+Spark runs no batch without new data)."""
+BARRIER_TIMEOUT_S = 300.0
+"""Seconds the barrier batch may take to commit once admitted."""
+
+
+def await_barrier_batch(query, sink: KeyedWindowSink, checkpoint: Path, stop_requested, switch_id: str,
+                        idle_s: float = BARRIER_IDLE_S, timeout_s: float = BARRIER_TIMEOUT_S) -> float | None:
+    """Ask `sink` for a switch's barrier batch (`KeyedWindowSink.request_handover`) and wait
+    until Spark commits it: the old query runs one more whole batch, in which every slot token
+    hands its state over (`keyshift.processing.operators.handover`), and stops taking batches.
+
+    Args:
+        query: the old query. sink: its sink. checkpoint: its checkpoint.
+        stop_requested: the run's stop event: while no barrier batch is in the sink, a stop
+            request ends the wait.
+        switch_id: the switch (its snapshot goes to `RunDir.handover(switch_id, batch)`).
+        idle_s: seconds without a batch in the sink after which the wait ends (no new data).
+        timeout_s: seconds the admitted barrier batch may take to commit.
+
+    Returns:
+        Epoch seconds of the barrier batch's commit (its commit file's time), or None when there
+        is none: the sink refused the request (its barrier is set), no batch came within
+        `idle_s` or a stop was requested first (the request is withdrawn), or the query failed.
+        Then the caller stops the query at the batch boundary and the switch reads the state
+        from the checkpoint.
+
+    Raises:
+        JobError: the barrier batch was not committed within `timeout_s`.
+    """
+    if not sink.request_handover(switch_id):
+        return None
+    files = CheckpointFiles(checkpoint)
+    idle_since: float | None = None
+    admitted_at: float | None = None
+    while True:
+        if query.exception() is not None or not query.isActive:
+            return None
+        batch = sink.handover_batch
+        now = time.monotonic()
+        if batch is not None:
+            admitted_at = admitted_at or now
+            if files.exists(f"commits/{batch}"):
+                return files.modified_s(f"commits/{batch}")
+            if now - admitted_at > timeout_s:
+                raise JobError(f"the switch's barrier batch {batch} was not committed within {timeout_s:.0f} s")
+        elif sink.in_flight:
+            idle_since = None
+        else:
+            idle_since = idle_since or now
+            if (now - idle_since > idle_s or stop_requested.is_set()) and sink.withdraw_handover():
+                log.info("no batch came for the state handover within %.1f s%s; stopping at once", idle_s,
+                         " (stop requested)" if stop_requested.is_set() else "")
+                return None
+        time.sleep(0.02)
 
 def refuse_switch(control, record: SwitchRecord, job: str, exchange: str = "local_merge") -> None:
     """End a switch asked of a key-window job or of a `global_merge` run as failed, with the

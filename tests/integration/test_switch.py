@@ -33,7 +33,7 @@ def oracle(stack_settings, tmp_path_factory):
     return run_oracle(stack_settings, tmp_path_factory)
 
 
-def test_three_switches_while_reading_equal_the_run_without(stack_settings, oracle, tmp_path):
+def test_three_switches_while_reading_equal_the_run_without(stack_settings, oracle, spark, tmp_path):
     from keyshift.migration.switch import SwitchControl, request_switch
     from keyshift.placement.tokens import default_max_stateful_partitions
 
@@ -42,7 +42,8 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
     process = start(job_args(topic, run_id), tmp_path / "driver.log")
     records = []
     for number, (strategy, partitions) in enumerate(SWITCHES):
-        wait_for(lambda: batches_done(run_dir) >= 2 + 3 * number, process, 600, f"batch {2 + 3 * number}")
+        # the switch cuts after the next batch (its barrier batch): the third well before the input's end
+        wait_for(lambda: batches_done(run_dir) >= 1 + 3 * number, process, 600, f"batch {1 + 3 * number}")
         record = request_switch(stack_settings, run_id, strategy, partitions, reason=f"test switch {number + 1}", wait_timeout_s=300)
         assert record.state == "done" and record.in_driver
         assert record.verify["placement"]["ok"] and record.verify["placement"]["state_rows"] > 0
@@ -64,6 +65,12 @@ def test_three_switches_while_reading_equal_the_run_without(stack_settings, orac
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
     progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     assert {p["epoch"] for p in progress} >= set(epochs)
+    # each switch's state came from its barrier batch, and that snapshot is what Spark's state
+    # data source reads from the old checkpoint at the cut, row for row
+    assert [r.state_source for r in records] == ["handover"] * 3
+    for r, old in zip(records, segments):
+        assert r.step_seconds["barrier_batch"] > 0
+        assert_snapshot_is_the_checkpoint_state(spark, run_dir, old, r.switch_id, r.cut_batch)
     (tmp_path / "switches.json").write_text(json.dumps([
         {k: getattr(r, k) for k in ("switch_id", "strategy_from", "strategy_to", "partitions_from", "partitions_to", "pause_seconds",
                                "step_seconds", "migration", "plan")} for r in records], indent=1, default=str))
@@ -96,3 +103,30 @@ def test_slots_over_fewer_stateful_partitions_equal_the_run_with_one_per_slot(st
         slot = hash_strategy.slot_of(row.origin)
         assert (row.token, row.partition_id) == (tokens[slot], stateful_partition_of_slot(slot, 8, 3)), row
     assert set(state["partition_id"]) == {0, 1, 2}
+
+
+def assert_snapshot_is_the_checkpoint_state(spark, run_dir, segment, switch_id, cut_batch):
+    """The barrier batch's snapshot file (`keyshift.processing.outputs.handover`) holds exactly the
+    state and timers the state reader finds in the segment's checkpoint at the cut."""
+    from keyshift.jobs.flight_delays import FLIGHT_DELAYS
+    from keyshift.migration.state import read_state
+    from keyshift.names import RunDir
+    from keyshift.placement.tokens import slot_tokens
+    from keyshift.processing.operators.processor import state_variables
+    from keyshift.processing.outputs.handover import read_snapshot
+
+    variables = state_variables(FLIGHT_DELAYS)
+    tokens = slot_tokens(segment["partitions"], segment["stateful_partitions"])
+    handed = read_snapshot(RunDir(run_dir).handover(switch_id, segment["batch_base"] + cut_batch), variables, tokens)
+    assert handed is not None, f"no complete snapshot for batch {segment['batch_base'] + cut_batch}"
+    read = read_state(spark, RunDir(run_dir).checkpoint(segment["checkpoint"]), variables, cut_batch)
+
+    def rows(frame, columns):
+        return sorted(tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in row)
+                      for row in frame[list(columns)].itertuples(index=False))
+
+    for variable in variables:
+        columns = ("old_token", "partition_id", "key", *variable.value_fields)
+        assert rows(handed[0][variable.name], columns) == rows(read[0][variable.name], columns), variable.name
+    assert rows(handed[1], ("old_token", "expiry_ms", "partition_id")) == rows(read[1], ("old_token", "expiry_ms", "partition_id"))
+    assert len(read[0]["pending_windows"]) > 0

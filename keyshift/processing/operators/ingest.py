@@ -69,6 +69,7 @@ from keyshift.processing.operators.records import (
 )
 from keyshift.jobs.spec import JobSpec
 from keyshift.names import END_OF_INPUT_PREFIX
+from keyshift.processing.operators.handover import barrier_rows, handover_requested
 from keyshift.processing.operators.strict_records import control_marker, java_utf8_decode, strict_record
 
 EVENT_TS_COLUMN = "event_ts"
@@ -630,6 +631,7 @@ def ingest_function(
     row_schema: T.StructType,
     event_times_of: Callable[[pa.Table], pa.Array],
     lookup: tuple[str, str] | None = None,
+    barrier_tokens: Sequence[int] | None = None,
 ):
     """The `mapInArrow` function of the engine's source stage (module docstring).
 
@@ -643,6 +645,9 @@ def ingest_function(
         event_times_of: the rows -> the largest event time (ms, int64; NULL for none) of each.
         lookup: (redis_url, input topic) for a spec with `key_lookup`: the worker's cached copy
             of the map (`keyshift.processing.operators.key_lookup.worker_cache`).
+        barrier_tokens: the slot tokens of a keyed window job's stateful processor: in a
+            switch's barrier batch each task adds one barrier row per token
+            (`keyshift.processing.operators.handover.barrier_rows`); None: never.
 
     Returns:
         A function: iterator of Arrow batches of Kafka rows -> iterator of Arrow batches of
@@ -693,6 +698,8 @@ def ingest_function(
                 arrays["count"] = pa.array(np.zeros(m, np.int64))
             arrays["kafka_partition"] = pa.array([k.partition for k in markers], pa.int32())
             pieces.append(pa.Table.from_arrays([arrays[f.name].cast(f.type) for f in out_schema], schema=out_schema))
+        if barrier_tokens and handover_requested():
+            pieces.append(barrier_rows(out_schema, barrier_tokens, CONTROL_COLUMN))
         if ingest_chunk.reports:
             write_task_report(context, ingest_chunk.reports)
         for piece in pieces:

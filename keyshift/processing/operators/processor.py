@@ -73,6 +73,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, merge_clocks, watermark_key
+from keyshift.processing.operators.handover import drop_barrier_rows, handover_requested, snapshot_rows
 from keyshift.processing.operators.state_variables import MapStateVariable, restore_initial_state
 from keyshift.processing.operators.local_merge import list_column
 from keyshift.processing.operators.output_rows import OutputRows, one_frame
@@ -95,7 +96,8 @@ def output_schema(spec: JobSpec) -> T.StructType:
     """Schema of every row the processor emits for `spec` (columns a kind does not use are NULL):
     kind, slot, partition_id, the key, window_start_ms, window_end_ms, count, the aggregates, the
     outputs, event_id, the payload fields, event_time_ms, watermark_ms, the dead-letter columns,
-    kafka_partition, kafka_offset, global_watermark_ms."""
+    kafka_partition, kafka_offset, global_watermark_ms, and the state handover's state_variable,
+    state_value, handover_seq (`keyshift.processing.operators.handover`)."""
     return T.StructType(
         [
             T.StructField("kind", T.StringType(), False),
@@ -118,6 +120,10 @@ def output_schema(spec: JobSpec) -> T.StructType:
             T.StructField("kafka_partition", T.IntegerType(), True),
             T.StructField("kafka_offset", T.LongType(), True),
             T.StructField("global_watermark_ms", T.LongType(), True),
+            # a switch's state handover (`keyshift.processing.operators.handover`): barrier batch only
+            T.StructField("state_variable", T.StringType(), True),
+            T.StructField("state_value", T.BinaryType(), True),
+            T.StructField("handover_seq", T.LongType(), True),
         ]
     )
 
@@ -381,7 +387,8 @@ class KeyedWindowProcessor(StatefulProcessor):
         one write per key touched, never per event. All of it as one frame of
         `output_schema(spec)` rows.
         """
-        yield from one_frame(self._input_rows(key, rows, timerValues), self._output_columns)
+        yield from one_frame(self._handing_over(key, timerValues, self._input_rows(key, drop_barrier_rows(rows), timerValues)),
+                             self._output_columns)
 
     def _input_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[OutputRows]:
         token = int(key[0])
@@ -864,7 +871,20 @@ class KeyedWindowProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         """Emit every pending window of this slot whose end the watermark has reached and set
         the slot's next timer (module docstring); as one frame, like `handleInputRows`."""
-        yield from one_frame(self._expired_timer_rows(key, timerValues), self._output_columns)
+        yield from one_frame(self._handing_over(key, timerValues, self._expired_timer_rows(key, timerValues)), self._output_columns)
+
+    def _handing_over(self, key: Any, timerValues: TimerValues, pieces: Iterator[OutputRows]) -> Iterator[OutputRows]:
+        """`pieces`, then, in a switch's barrier batch, this slot token's state as it is after
+        them (`keyshift.processing.operators.handover.snapshot_rows`). Its timers are those that
+        outlive the batch: Spark fires (and then deletes) every timer below the batch's watermark
+        W, after the input and while `handleExpiredTimer` runs, so those are left out."""
+        yield from pieces
+        if handover_requested():
+            token = int(key[0])
+            watermark_ms = timerValues.getCurrentWatermarkInMs()
+            yield from snapshot_rows(self._slot_of_token.get(token, -1), _partition_id(), self._key,
+                                     ((PENDING_STATE_NAME, self._pending), (CLOCK_STATE_NAME, self._clocks)),
+                                     (t for t in self._handle.listTimers() if t >= watermark_ms))
 
     def _expired_timer_rows(self, key: Any, timerValues: TimerValues) -> Iterator[OutputRows]:
         token = int(key[0])

@@ -190,6 +190,7 @@ class KeyedWindowSink:
                  pieces: PieceAssembler | None = None, redis_windows=None) -> None:
         self.spec = spec
         self._table_schema = window_table_schema(spec)
+        self.run_dir = Path(run_dir)
         self.windows_dir = Path(run_dir) / self.TABLE
         self.windows_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
@@ -216,6 +217,9 @@ class KeyedWindowSink:
         self.hold_until_barrier: Callable[[], bool] | None = None  # a test's failpoint (`driver_switch.hold_markers_batch`)
         self.hold_after_outputs_of: int | None = None  # a test's failpoint (`driver_switch.hold_new_query_batch`)
         self.last_query_batch: int | None = None
+        self.handover_batch: int | None = None  # the query batch that hands the state over (a switch's barrier batch)
+        self._handover_next = False
+        self._handover_switch: str | None = None
         self._lock = threading.Lock()
         self._gate = threading.Lock()
 
@@ -244,11 +248,37 @@ class KeyedWindowSink:
             if self.barrier.is_set():
                 raise BatchRefused(f"batch {query_batch_id} refused: the query stops at the batch boundary before it (a switch or a stop)")
             self.in_flight = True
+            if self._handover_next:  # the switch's barrier batch: the last this query runs
+                self._handover_next = False
+                self.handover_batch = query_batch_id
+                quiet_refused_batches()
+                self.barrier.set()
 
     def release(self, query_batch_id: int) -> None:
         """Query batch `query_batch_id` has left the sink (written, or failed)."""
         self.last_query_batch = query_batch_id
         self.in_flight = False
+
+    def request_handover(self, switch_id: str) -> bool:
+        """Make the next batch admitted switch `switch_id`'s barrier batch: it runs whole, its
+        processor hands every slot token's state over (`keyshift.processing.operators.handover`,
+        written to `RunDir.handover(switch_id, batch)`), and every batch after it is refused.
+        Returns False (nothing asked) when the barrier is already set."""
+        with self._gate:
+            if self.barrier.is_set():
+                return False
+            self._handover_next = True
+            self._handover_switch = switch_id
+            return True
+
+    def withdraw_handover(self) -> bool:
+        """Withdraw `request_handover` if no batch was admitted for it yet; returns whether it was
+        withdrawn (False: the barrier batch is admitted already, or nothing was asked)."""
+        with self._gate:
+            if not self._handover_next:
+                return False
+            self._handover_next = False
+            return True
 
     def close_barrier(self) -> None:
         """Refuse every batch that has not been admitted yet; one admitted stays `in_flight`
@@ -259,7 +289,24 @@ class KeyedWindowSink:
 
     def _route(self, batch: DataFrame, batch_id: int) -> None:
         failpoint("sink.before_batch", batch_id)
-        self.route_rows(batch.toPandas(), batch_id)
+        if self.handover_batch is None or batch_id != self.batch_base + self.handover_batch:
+            self.route_rows(batch.toPandas(), batch_id)
+            return
+        from keyshift.processing.operators.handover import HANDOVER_PROPERTY
+        from keyshift.processing.outputs.handover import split_snapshot, write_snapshot
+
+        context = batch.sparkSession.sparkContext
+        context.setLocalProperty(HANDOVER_PROPERTY, "1")  # this thread's jobs: the batch's (module handover)
+        try:
+            out = batch.toPandas()
+        finally:
+            context.setLocalProperty(HANDOVER_PROPERTY, None)
+        out, snapshot = split_snapshot(out)
+        if snapshot is None:
+            log.warning("batch %d: the barrier batch handed no state over; the switch reads the checkpoint", batch_id)
+        else:
+            write_snapshot(snapshot, self.spec.key, RunDir(self.run_dir).handover(self._handover_switch, batch_id))
+        self.route_rows(out, batch_id)
 
     def route_rows(self, out: pd.DataFrame, batch_id: int) -> None:
         """Route one batch's processor output rows (`output_schema(spec)` columns, collected),
