@@ -342,6 +342,12 @@ _ARROW_TYPES = {"long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(
 """Arrow types of the spec's output types (`JobSpec.outputs` values)."""
 
 
+def list_column(column: str) -> str:
+    """The partial's list column carrying a payload field's value per event
+    (`keyshift.processing.operators.local_merge.partial_schema`)."""
+    return f"{column}_list"
+
+
 def window_columns(spec: JobSpec) -> tuple[str, ...]:
     """Columns of the windows table, in order: key, window_start, window_end, the spec's
     `table_columns`, slot, epoch."""

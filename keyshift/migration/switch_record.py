@@ -47,8 +47,9 @@ class SwitchRecord:
             events until then); without, when the driver closed the sink's barrier (the batch in
             the sink then still finishes, inside the pause).
         barrier_requested_at: epoch seconds when the driver asked for a barrier batch (the
-            handover); its step `barrier_batch` (request to the barrier batch's commit) is
-            processing time, outside the pause.
+            handover); its step `barrier_batch` (request to the barrier batch's commit, or to
+            the stop when no batch came for it) is outside the pause: the old query processes
+            events meanwhile.
         state_source: where the migrated state came from: `handover` (the barrier batch's
             snapshot, `keyshift.processing.outputs.handover`) or `checkpoint` (Spark's state
             data source on the old checkpoint, when no complete snapshot exists).

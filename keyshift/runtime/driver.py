@@ -392,9 +392,9 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                 settle_switch_at_stop(control, switching, checkpoint, config, finish_switch)
             return segments, watch, sink
         record = watch.pop("switch_record")
-        if cut_at is not None:
-            record.barrier_requested_at = barrier_at
-            record.step_seconds["barrier_batch"] = round(cut_at - barrier_at, 3)
+        # the barrier batch, or the wait for one that never came (then the state reader's read is in the pause)
+        record.barrier_requested_at = barrier_at
+        record.step_seconds["barrier_batch"] = round(stop_at - barrier_at, 3)
         segments = in_driver.migrate(spark, settings, run_dir, segments, record, control, variables, save_segments, stop_at,
                                      config.placement.max_stateful_partitions)
         record = control.current()

@@ -34,18 +34,13 @@ from keyshift.placement.spark_tokens import assignment_token_lookup, token_looku
 from keyshift.placement.strategies import place_events
 from keyshift.processing.operators.exchange import Emit, merge_segments
 from keyshift.processing.operators.records import FILTERED, parsed_columns
-from keyshift.jobs.spec import JobSpec
+from keyshift.jobs.spec import JobSpec, list_column
 from keyshift.deferred_import import deferred_module
 
 pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
 
 EMIT_BATCH = Emit("batch")
 """Local Merge's default emit mode: a task's whole slice of the micro-batch at once."""
-
-
-def list_column(column: str) -> str:
-    """The partial's list column carrying a payload field's value per event."""
-    return f"{column}_list"
 
 
 def partial_schema(spec: JobSpec) -> T.StructType:

@@ -75,9 +75,8 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from keyshift.eventtime.watermarks import KeyClock, WatermarkPolicy, advance_clock, close_clock, is_group_clock, merge_clocks, watermark_key
 from keyshift.processing.operators.handover import drop_barrier_rows, handover_requested, snapshot_rows
 from keyshift.processing.operators.state_variables import MapStateVariable, restore_initial_state
-from keyshift.processing.operators.local_merge import list_column
 from keyshift.processing.operators.output_rows import OutputRows, one_frame
-from keyshift.jobs.spec import SPARK_TYPES, JobSpec
+from keyshift.jobs.spec import SPARK_TYPES, JobSpec, list_column
 from keyshift.deferred_import import deferred_module
 
 pd = deferred_module("pandas")  # not imported by the pre-init process (keyshift.deferred_import)
