@@ -43,11 +43,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 from pyspark.sql import types as T
 
+from keyshift.deferred_import import deferred_module
 from keyshift.errors import ConfigurationError
 from keyshift.eventtime.windows import HOUR_MS
+
+pa = deferred_module("pyarrow")  # not imported by transformWithState's pre-init process (keyshift.deferred_import)
 
 SPARK_TYPES = {"long": T.LongType(), "string": T.StringType(), "double": T.DoubleType(), "boolean": T.BooleanType()}
 """The type names a spec uses, and their Spark types."""
@@ -338,7 +340,8 @@ class JobSpec:
         return values
 
 
-_ARROW_TYPES = {"long": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string()}
+_ARROW_TYPES = {"long": "int64", "double": "float64", "boolean": "bool_", "string": "string"}
+"""A spec's type names -> the pyarrow factory of their Arrow type."""
 """Arrow types of the spec's output types (`JobSpec.outputs` values)."""
 
 
@@ -356,7 +359,7 @@ def window_columns(spec: JobSpec) -> tuple[str, ...]:
 
 def window_table_schema(spec: JobSpec) -> pa.Schema:
     """Arrow schema of the windows table (UTC microsecond timestamps for the window bounds)."""
-    types = {"count": pa.int64(), **{a: pa.int64() for a in spec.aggregate_names}, **{k: _ARROW_TYPES[v] for k, v in spec.outputs.items()}}
+    types = {"count": pa.int64(), **{a: pa.int64() for a in spec.aggregate_names}, **{k: getattr(pa, _ARROW_TYPES[v])() for k, v in spec.outputs.items()}}
     return pa.schema(
         [(spec.key, pa.string()), ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC"))]
         + [(c, types[c]) for c in spec.table_columns]

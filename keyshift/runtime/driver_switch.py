@@ -65,14 +65,18 @@ def await_barrier_batch(query, sink: KeyedWindowSink, checkpoint: Path, stop_req
     files = CheckpointFiles(checkpoint)
     idle_since: float | None = None
     admitted_at: float | None = None
+    next_check = 0.0
     while True:
-        if query.exception() is not None or not query.isActive:
-            return None
-        batch = sink.handover_batch
         now = time.monotonic()
+        if now >= next_check:  # two py4j calls: not at every poll, while the barrier batch runs in this process
+            next_check = now + 0.5
+            if query.exception() is not None or not query.isActive:
+                return None
+        batch = sink.handover_batch
         if batch is not None:
             admitted_at = admitted_at or now
-            if files.exists(f"commits/{batch}"):
+            # the commit follows the sink's return: look for it (a remote call on HDFS or S3) only then
+            if sink.last_query_batch == batch and not sink.in_flight and files.exists(f"commits/{batch}"):
                 return files.modified_s(f"commits/{batch}")
             if now - admitted_at > timeout_s:
                 raise JobError(f"the switch's barrier batch {batch} was not committed within {timeout_s:.0f} s")
@@ -85,6 +89,7 @@ def await_barrier_batch(query, sink: KeyedWindowSink, checkpoint: Path, stop_req
                          " (stop requested)" if stop_requested.is_set() else "")
                 return None
         time.sleep(0.02)
+
 
 def refuse_switch(control, record: SwitchRecord, job: str, exchange: str = "local_merge") -> None:
     """End a switch asked of a key-window job or of a `global_merge` run as failed, with the

@@ -53,6 +53,8 @@ class TaskTimeRecorder(threading.Thread):
         self._interval_s = interval_s
         self._stop_event = threading.Event()
         self._query: tuple[str, int, int, int | None, int | None] | None = None
+        self._finished: list[tuple[str, int, int, int | None, int | None]] = []  # queries left, read once more
+        self._lock = threading.Lock()  # one refresh at a time
         self._read: dict[str, set[int]] = {}
         self.times: dict[str, dict[str, list[float]]] = {"source": {}, "stateful": {}}
         if self._path.exists():
@@ -65,29 +67,47 @@ class TaskTimeRecorder(threading.Thread):
                source_tasks: int | None = None) -> None:
         """Read the stages of `query_name` from now on (its batch b is run-wide batch_base + b;
         S = `stateful_partitions` stateful tasks, None: S = P; `source_tasks` ingest tasks,
-        None: P)."""
-        self.refresh()
-        self._query = (query_name, batch_base, partitions, stateful_partitions, source_tasks)
+        None: P). The query followed until now has its last stages read by the next refresh,
+        not here: a switch calls this as its new query starts, and reading Spark's REST API
+        (0.5 s or more) then competed with the new query's first batch, inside the switch's pause."""
+        with self._lock:
+            if self._query is not None:
+                self._finished.append(self._query)
+            self._query = (query_name, batch_base, partitions, stateful_partitions, source_tasks)
 
     def refresh(self) -> None:
-        """Read the batches not read yet and rewrite the file (atomically); never raises."""
-        if self._query is None or not self._ui:
+        """Read the batches not read yet of the followed query and of the queries followed
+        before it, and rewrite the file (atomically); never raises."""
+        if not self._ui:
             return
-        name, base, partitions, stateful_partitions, source_tasks = self._query
+        with self._lock:
+            queries, self._finished = [*self._finished, *([self._query] if self._query else [])], []
+            if not queries:
+                return
+            unread = []
+            for query in queries:
+                if not self._read_query(*query) and query is not self._query:
+                    unread.append(query)  # Spark's REST API failed: read it at the next refresh
+            self._finished = unread + self._finished
+            partial = self._path.with_suffix(".tmp")
+            partial.write_text(json.dumps(self.times, indent=1))
+            partial.replace(self._path)
+
+    def _read_query(self, name: str, base: int, partitions: int, stateful_partitions: int | None,
+                    source_tasks: int | None) -> bool:
+        """Fold query `name`'s stages not read yet into `times`; False when Spark's REST API failed."""
         seen = self._read.setdefault(name, set())
         try:
             timed = keyed_stage_task_seconds(self._ui, self._app, name, partitions, skip=frozenset(seen),
                                              stateful_partitions=stateful_partitions, source_tasks=source_tasks)
         except (requests.RequestException, ValueError) as exc:
             log.debug("task times not read (%s)", exc)
-            return
+            return False
         for stage, per_batch in (("source", timed.source), ("stateful", timed.stateful)):
             for batch, seconds in per_batch.items():
                 self.times[stage][str(base + batch)] = seconds
         seen.update(timed.stateful)
-        partial = self._path.with_suffix(".tmp")
-        partial.write_text(json.dumps(self.times, indent=1))
-        partial.replace(self._path)
+        return True
 
     def run(self) -> None:
         """The recording thread: `refresh` every interval until stopped."""
