@@ -596,6 +596,9 @@ def evaluation_targets(settings: Settings, raw: dict[str, Any]) -> list[dict[str
     """What one `keyshift_balance_monitor` run evaluates: one target per live job run (the mapped
     `evaluate` task's instances), each `{"topic", "run_id", "label"}`.
 
+    Each target also names the run's `job` (None when the record names none), whose strategies
+    bound the candidates (`evaluate_target`).
+
     * neither `topic` nor `run_id` in `raw` (the schedule's runs): every live job run keyshift
       knows (`keyshift.runs.live_run_records`: state running or restarting), each on its own topic;
     * `topic` (a run by hand for one topic): the topic's live runs, or when none reads it, the topic
@@ -627,7 +630,7 @@ def evaluation_targets(settings: Settings, raw: dict[str, Any]) -> list[dict[str
         runs = [record]
     else:
         runs = [r for r in live_run_records(redis_client(settings)) if topic is None or r.topic == topic]
-    targets = [{"topic": r.topic or topic or names.FLIGHTS_TOPIC, "run_id": r.run_id} for r in runs]
+    targets = [{"topic": r.topic or topic or names.FLIGHTS_TOPIC, "run_id": r.run_id, "job": r.job} for r in runs]
     if not targets and topic is not None:
         targets = [{"topic": topic, "run_id": None}]
     for target in targets:
@@ -638,12 +641,22 @@ def evaluation_targets(settings: Settings, raw: dict[str, Any]) -> list[dict[str
 
 def evaluate_target(settings: Settings, raw: dict[str, Any], target: dict[str, Any], monitor_run_id: str | None = None) -> dict[str, Any]:
     """One mapped `evaluate`: `evaluate_topic` of `target`'s topic and run (`evaluation_targets`),
-    with the DAG run's other params; the strategy and P in force come from the run's record.
+    with the DAG run's other params; the strategy and P in force come from the run's record. The
+    candidates are those of `raw` the run's job can run (`DEFAULT_CANDIDATES` for the flights;
+    `pipeline.JOB_STRATEGIES` for the others: YSB runs hash,
+    least_key and least_count; when none of them is, the job's own), so a decision never names a
+    strategy its job cannot switch to.
 
     Raises:
         ConfigurationError, StackError: from `monitor_params` and `evaluate_topic`.
     """
-    params = monitor_params({**raw, "topic": target["topic"], "run_id": target.get("run_id")})
+    from keyshift.orchestration.pipeline import JOB_STRATEGIES
+
+    candidates = list(raw.get("candidates") or DEFAULT_CANDIDATES)
+    # the flight delay job runs every default candidate (modulo too, which the pipeline's form leaves out)
+    runnable = {**JOB_STRATEGIES, "flight_delays": DEFAULT_CANDIDATES}.get(target.get("job") or "", candidates)
+    params = monitor_params({**raw, "topic": target["topic"], "run_id": target.get("run_id"),
+                             "candidates": [c for c in candidates if c in runnable] or list(runnable)})
     return evaluate_topic(settings, params, monitor_run_id=monitor_run_id)
 
 

@@ -59,7 +59,8 @@ def test_monitor_dag_shape_and_schedule(bag):
 def test_monitor_schedule_follows_the_setting():
     from keyshift.orchestration.monitor import EVALUATION_INTERVAL, evaluation_interval
 
-    assert evaluation_interval(Settings()) == EVALUATION_INTERVAL == timedelta(minutes=10)  # the default
+    assert Settings.model_fields["monitor_interval_s"].default == EVALUATION_INTERVAL.total_seconds() == 600  # the default
+    assert evaluation_interval(Settings(monitor_interval_s=600)) == EVALUATION_INTERVAL == timedelta(minutes=10)
     assert evaluation_interval(Settings(monitor_interval_s=45)) == timedelta(seconds=45)  # a test stack's
 
 
@@ -71,6 +72,25 @@ def test_monitor_dag_params_are_valid_monitor_params(bag):
     assert params["candidates"] == list(DEFAULT_CANDIDATES)
     parsed = monitor_params(params)  # the form's defaults are accepted as they are
     assert parsed.partitions is None and parsed.sample_every is None and parsed.sample_fraction == 0.1
+
+
+@pytest.mark.parametrize(
+    "job, given, scored",
+    [
+        ("ysb", None, ("hash", "least_key", "least_count")),  # the defaults, less what YSB cannot run (modulo, hot_split)
+        ("flight_delays", None, ("hash", "modulo", "least_key", "least_count", "hot_split")),  # every default
+        (None, ["hash", "hot_split"], ("hash", "hot_split")),  # a record without a job: the form's candidates as given
+        ("ysb", ["hot_split"], ("hash", "least_key", "least_count")),  # none runnable: the job's own
+    ],
+)
+def test_each_run_is_scored_on_the_strategies_its_job_runs(monkeypatch, job, given, scored):
+    from keyshift.orchestration import monitor
+
+    seen = {}
+    monkeypatch.setattr(monitor, "evaluate_topic", lambda settings, params, **kw: seen.setdefault("params", params))
+    target = {"topic": "ysb-ad-events", "run_id": "r1", "job": job, "label": "r1 on ysb-ad-events"}
+    monitor.evaluate_target(Settings(), {"candidates": given, "topic": None}, target)
+    assert seen["params"].candidates == scored and seen["params"].run_id == "r1" and seen["params"].topic == "ysb-ad-events"
 
 
 def _run(state: str = "running", strategy: str = "hash", partitions: int = 8):
