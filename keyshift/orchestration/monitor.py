@@ -67,6 +67,7 @@ A decision stands until the next evaluation, so it is also the switch policies' 
 EVALUATION_INTERVAL_S = EVALUATION_INTERVAL.total_seconds()
 """`EVALUATION_INTERVAL` in seconds (600.0): the default `horizon_s` (`switch_policies.horizon_default`)."""
 
+
 def evaluation_interval(settings: Settings) -> timedelta:
     """The `keyshift_balance_monitor` schedule: `settings.monitor_interval_s` (`KEYSHIFT_MONITOR_INTERVAL_S`;
     default `EVALUATION_INTERVAL`, 10 minutes) as a timedelta. Read when the dag-processor parses the
@@ -347,7 +348,6 @@ def evaluate_topic(
     from keyshift.monitoring.sampling import Sampler
     from keyshift.monitoring.stream import read_offsets, sample_topic
     from keyshift.monitoring.switch_policies import Decision, policy_by_name
-
     from keyshift.runs import LIVE_STATES
 
     at = now or datetime.now(timezone.utc)
@@ -434,7 +434,7 @@ def evaluate_topic(
     conf = switch_conf(record, params, monitor_run_id) if decision.switch else None
     not_live = None if run is not None and run.state in LIVE_STATES else (
         f"no live job run reads {topic!r}: nothing to switch" if run is None else
-        f"run {run_id} is {run.state}: a finished run is not switched")
+        f"run {run_id} is {run.state}, not live: only a live run is switched")
     if rescale is not None and rescale["recommended"] != rescale["current"] and not_live is None:
         # a change of P goes through the same switch: with the strategy switch, or on its own
         alone = conf is None
