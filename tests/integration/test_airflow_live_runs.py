@@ -5,7 +5,8 @@ run, switches the poorly balanced one and leaves the other alone (issue 37).
    `launch_job` task launches them (`keyshift.orchestration.launch.launch_job`; the pipeline DAG
    runs one job at a time, so both are launched beside it): the flight delay job with `hash` at
    P = 8 on 300,000 real flights replayed at 1,500 events/s (200 s of input, so the switch cuts a
-   query that still has records to read; hash's balance degree on the flights is about 0.3), and
+   query that still has records to read; more when the monitor's next scheduled run is further
+   away than the unpause, `_flights_to_replay`; hash's balance degree on the flights is about 0.3), and
    the YSB job with `least_count` at P = 4 on 20,000 generated ad events (100 campaigns, uniform;
    the generator learned and published the assignment). Key watermarks, so no event is late.
 2. Once both have committed a batch, `keyshift_balance_monitor` is unpaused with its default
@@ -16,7 +17,7 @@ run, switches the poorly balanced one and leaves the other alone (issue 37).
    triggered, for the flights run; it succeeds with the state migrated in the driver. The monitor
    is paused again once that scheduled run ended, so later runs do not change what is checked.
 3. When each run has read all its input, both are stopped (`launch.stop_job`) and compared with
-   their oracles: the flights run's windows with pandas' windows of the same 300,000 flights
+   their oracles: the flights run's windows with pandas' windows of the same flights
    (`keyshift.quality.reference`: every emitted window equal, none twice, and the reference's
    windows not emitted hold exactly the run's pending events), the YSB run's windows with the
    generator's `expected_views.parquet` likewise; both summaries reconcile (events read = window
@@ -29,7 +30,9 @@ the latest interval) unless the DAG ran within the last interval; the test waits
 interval + 4 minutes. The trigger's horizon is the interval: the flights' expected gain is about
 0.47 x the interval (56 s at 120 s), which must beat 1.2 x the measured switch cost (the median
 pause of the newest switches in Redis, 10 s when none; 16-40 s on a loaded machine), so shorten
-the schedule to no less than 120 s. About 3 min 45 s on 2 shared cores (120 s schedule).
+the schedule to no less than 120 s. On 2 shared cores: 3 min 44 s with a 120 s schedule, and
+7 min 44 s with the default 600 s one when the monitor had run 6 minutes before (its next run
+4 minutes away, so 660,000 flights replayed); about 4 minutes on a stack where it has not run yet.
 Pause states are restored at the end; the topics and the Redis keys of both runs are removed.
 """
 
@@ -39,6 +42,7 @@ import json
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
@@ -85,11 +89,20 @@ def _scheduled_run(api, since: str, timeout_s: float) -> str:
     pytest.fail(f"no scheduled run of {names.BALANCE_MONITOR_DAG_ID} within {timeout_s:.0f} s of its unpause")
 
 
-def _oracle_flights(settings, summary: dict) -> dict:
+def _flights_to_replay(api, settings) -> int:
+    """Flights to replay at `FLIGHTS_RATE`: `FLIGHTS`, or more when the monitor's next scheduled run
+    (`next_dagrun_run_after`) is further away, so that records still arrive when its switch's new
+    query starts (its first commit ends the switch's pause); at most the 3,000,000 flights."""
+    after = _get(api, f"/api/v2/dags/{names.BALANCE_MONITOR_DAG_ID}").get("next_dagrun_run_after")
+    wait_s = (datetime.fromisoformat(after.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds() if after else settings.monitor_interval_s
+    return int(min(3_000_000, max(FLIGHTS, FLIGHTS_RATE * (max(wait_s, 0.0) + 200.0))))
+
+
+def _oracle_flights(settings, summary: dict, flights: int) -> dict:
     from keyshift.data.flights import flights_path
     from keyshift.quality.reference import compare_to_reference, reference_windows
 
-    return compare_to_reference(pipeline.run_dir(settings, summary["run_id"]) / "windows", reference_windows(flights_path(settings), FLIGHTS))
+    return compare_to_reference(pipeline.run_dir(settings, summary["run_id"]) / "windows", reference_windows(flights_path(settings), flights))
 
 
 def test_the_schedule_balances_every_live_run(airflow_api, stack_settings):
@@ -107,10 +120,11 @@ def test_the_schedule_balances_every_live_run(airflow_api, stack_settings):
     ysb_topic = fresh_ysb_topic(settings, f"live-ysb-{tag}", YSB_P)
     create_topics(settings, [flights_topic], FLIGHTS_P)
     replayed: dict = {}
+    total = _flights_to_replay(api, settings)
 
     def replay() -> None:
         try:
-            replayed["result"] = replay_flights(settings, flights_topic, limit=FLIGHTS, rate=FLIGHTS_RATE, strategy="hash",
+            replayed["result"] = replay_flights(settings, flights_topic, limit=total, rate=FLIGHTS_RATE, strategy="hash",
                                                 partitions=FLIGHTS_P, progress=False)
         except Exception as exc:  # reported by the main thread
             replayed["error"] = exc
@@ -170,9 +184,9 @@ def test_the_schedule_balances_every_live_run(airflow_api, stack_settings):
               f"pause {record['pause_seconds']} s")
 
         # 3. both read everything, are stopped, reconcile and equal their oracles
-        producer.join(timeout=600)
-        assert "error" not in replayed and replayed["result"].events_produced == FLIGHTS, replayed
-        _wait(lambda: _latest_progress(settings, flights_run).get("events_read") == FLIGHTS
+        producer.join(timeout=total / FLIGHTS_RATE + 300)
+        assert "error" not in replayed and replayed["result"].events_produced == total, replayed
+        _wait(lambda: _latest_progress(settings, flights_run).get("events_read") == total
               and _latest_progress(settings, ysb_run).get("events_read") == YSB_EVENTS, 600, "both runs reading all their input")
         assert launch.stop_job(settings, flights_run) and launch.stop_job(settings, ysb_run)
         summaries = {r: json.loads((pipeline.run_dir(settings, r) / "summary.json").read_text()) for r in (flights_run, ysb_run)}
@@ -182,10 +196,10 @@ def test_the_schedule_balances_every_live_run(airflow_api, stack_settings):
             assert summary["reconciled"] and summary["events_read"] == accounted, summary
             assert (summary["late_events"], summary["dead_letters"]) == (0, 0), (run_id, summary.get("dead_letters_by_reason"))
         flights, ysb = summaries[flights_run], summaries[ysb_run]
-        assert flights["events_read"] == FLIGHTS and flights["switches"] == [record["switch_id"]], flights
+        assert flights["events_read"] == total and flights["switches"] == [record["switch_id"]], flights
         assert ysb["events_read"] == YSB_EVENTS and not ysb.get("switches"), ysb
 
-        compared = _oracle_flights(settings, flights)
+        compared = _oracle_flights(settings, flights, total)
         assert compared["field_mismatches"] == compared["only_ours"] == compared["duplicated"] == 0, compared
         assert compared["reference_events"] - compared["events"] == flights["pending_events"], (compared, flights["pending_events"])
 
@@ -204,11 +218,11 @@ def test_the_schedule_balances_every_live_run(airflow_api, stack_settings):
 
         # 4. the keyshift page lists both runs with their figures
         rows = {r["run_id"]: r for r in _get(api, "/keyshift/api/runs", limit=200)}
-        assert rows[flights_run]["figures"]["events_read"] == FLIGHTS and len(rows[flights_run]["switches"]) == 1
+        assert rows[flights_run]["figures"]["events_read"] == total and len(rows[flights_run]["switches"]) == 1
         assert rows[ysb_run]["figures"]["events_read"] == YSB_EVENTS and rows[ysb_run]["switches"] == []
         page = api.get("/keyshift/", headers={"Accept": "text/html"}, timeout=60)
         assert page.ok, page.status_code
-        for run_id, events in ((flights_run, FLIGHTS), (ysb_run, YSB_EVENTS)):
+        for run_id, events in ((flights_run, total), (ysb_run, YSB_EVENTS)):
             row = page.text.split(f'href="./runs/{run_id}">{run_id}</a>', 1)[1].split("</tr>", 1)[0]  # its row of the runs table
             assert f"{events:,}" in row and "ok" in row, row
     finally:
