@@ -61,7 +61,7 @@ from keyshift.settings import Settings
                        "runs); a topic = that topic alone (its live runs, else its arrivals against strategy and partitions)."),
         "strategy": Param("hash", type="string", description="A topic no live run reads: label of the strategy in force "
                           "(hash, modulo, least_key, least_count, weight, weight/random, hot_split); a run's record says it otherwise."),
-        "partitions": Param(None, type=["null", "integer"], minimum=1, description="P of the evaluation; empty = the topic's partition count."),
+        "partitions": Param(None, type=["null", "integer"], minimum=1, description="A topic no live run reads: P of the evaluation; empty = the topic's partition count."),
         "trigger": Param("cost_aware", type="string", enum=["periodic", "count", "threshold", "cost_aware"],
                          description="Switch trigger: paper 000 Table 6, or ours (switch only when it pays)."),
         "theta": Param(0.6, type="number", minimum=0, maximum=1, description="threshold: balance degree below which to switch."),
@@ -79,7 +79,7 @@ from keyshift.settings import Settings
         "max_events": Param(100_000, type="integer", minimum=1, description="At most this many of the arrived records are read (the most recent)."),
         "run_id": Param(None, type=["null", "string"], description="One live job run to evaluate alone; empty = every live run (of the topic, when given)."),
         "candidates": Param(list(monitor.DEFAULT_CANDIDATES), type="array", items={"type": "string"},
-                            description="Strategies scored and possibly recommended (the one in force always is)."),
+                            description="Strategies scored and possibly recommended, of those the run's job runs (the one in force always is)."),
     },
 )
 def keyshift_balance_monitor():
