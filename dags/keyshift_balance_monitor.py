@@ -31,7 +31,9 @@ The records go to Redis (`keyshift:balance:<topic>:latest`, the recent series
 `switches_decided` re-reads each deciding run's record: a run that is no longer running, or whose
 placement changed since, is skipped with the reason in the task log and in the monitor's record
 (`switch_request`); `trigger_switch` starts one `keyshift_switch` run per remaining decision
-(none: the mapped task is skipped). All logic lives in `keyshift.orchestration.monitor`; this file
+(none: the mapped task is skipped). A run whose evaluation fails does not hold the others'
+switches (`switches_decided` runs whatever became of `evaluate`); `all_evaluated` then fails the
+monitor's run, naming it. All logic lives in `keyshift.orchestration.monitor`; this file
 only wires tasks and does nothing at import.
 """
 
@@ -92,15 +94,22 @@ def keyshift_balance_monitor():
         get_current_context()["evaluated"] = target["label"]
         return monitor.evaluate_target(Settings(), dict(params), target, monitor_run_id=run_id)
 
-    @task
+    @task(trigger_rule="all_done")  # a run whose evaluation failed does not hold the others' switches
     def switches_decided(results: list[dict]) -> list[dict]:
         return monitor.switch_requests(Settings(), list(results))
 
+    @task(trigger_rule="all_done")
+    def all_evaluated(targets: list[dict], results: list[dict]) -> int:
+        return monitor.check_evaluations(targets, list(results))
+
+    targets = live_runs()
+    results = evaluate.expand(target=targets)
+    all_evaluated(targets, results)
     TriggerDagRunOperator.partial(
         task_id="trigger_switch",
         trigger_dag_id=names.SWITCH_DAG_ID,
         wait_for_completion=False,
-    ).expand(conf=switches_decided(evaluate.expand(target=live_runs())))
+    ).expand(conf=switches_decided(results))
 
 
 keyshift_balance_monitor()

@@ -741,6 +741,34 @@ def switch_requests(settings: Settings, results: list[dict[str, Any]]) -> list[d
     return confs
 
 
+def check_evaluations(targets: list[dict[str, Any]], results: list[dict[str, Any]]) -> int:
+    """Fail when an evaluation of one monitor run failed, once the others' decisions were carried out.
+
+    `switches_decided` and `all_evaluated` run whatever became of the mapped `evaluate` (trigger
+    rule all_done), so a run whose evaluation fails (its topic was deleted, its record is stale)
+    does not keep the other runs from being balanced; this check then fails the monitor's run,
+    naming the runs, so the failure shows in the grid.
+
+    Args:
+        targets: `evaluation_targets`. results: the `evaluate_topic` results that were returned.
+
+    Returns:
+        The number of runs evaluated.
+
+    Raises:
+        JobError: a target without a result (each named by its label).
+    """
+    from keyshift.errors import JobError
+
+    done = {(r["record"].get("topic"), r["record"].get("job_run_id")) for r in results if r and r.get("record")}
+    topics = {topic for topic, _ in done}
+    missing = [t["label"] for t in targets if (t["topic"], t["run_id"]) not in done and not (t["run_id"] is None and t["topic"] in topics)]
+    if missing:
+        raise JobError(f"the evaluation of {len(missing)} of {len(targets)} run(s) failed: {'; '.join(missing)}; see the "
+                       f"log of its mapped evaluate task (the other runs' decisions were carried out)")
+    return len(targets)
+
+
 REQUEST_TRIGGERS = ("periodic", "count", "threshold", "cost_aware", "manual")
 """Who asked for a switch: one of the monitor's triggers, or `manual` (the trigger form, by hand)."""
 

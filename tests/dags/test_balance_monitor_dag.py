@@ -48,7 +48,8 @@ def test_monitor_dag_shape_and_schedule(bag):
     dag = bag.dags[names.BALANCE_MONITOR_DAG_ID]
     upstream = {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks}
     assert upstream == {"live_runs": [], "evaluate": ["live_runs"], "switches_decided": ["evaluate"],
-                        "trigger_switch": ["switches_decided"]}
+                        "all_evaluated": ["evaluate", "live_runs"], "trigger_switch": ["switches_decided"]}
+    assert dag.task_dict["switches_decided"].trigger_rule == dag.task_dict["all_evaluated"].trigger_rule == "all_done"
     assert dag.schedule == timedelta(seconds=Settings().monitor_interval_s)
     assert dag.max_active_runs == 1 and dag.catchup is False
     evaluate, trigger = dag.task_dict["evaluate"], dag.task_dict["trigger_switch"]
@@ -264,7 +265,8 @@ def test_dag_test_switch_decision_triggers_keyshift_switch(airflow_env, stack_se
     run_id = _live_run(stack_settings, topic, f"{topic}-run")
     result = _dag_test(airflow_env, names.BALANCE_MONITOR_DAG_ID, {**BASE_CONF, "topic": topic, "trigger": "threshold", "theta": 1.0}, "evaluate")
     assert result["state"] == "success", result
-    assert result["tasks"] == {"live_runs": "success", "evaluate": "success", "switches_decided": "success", "trigger_switch": "success"}
+    assert result["tasks"] == {"live_runs": "success", "evaluate": "success", "switches_decided": "success", "all_evaluated": "success",
+                               "trigger_switch": "success"}
     record, conf = result["xcom"]["record"], result["xcom"]["switch_conf"]
     assert record["events_arrived"] == sent and record["measured"]["arrivals"]["events"] == sent and record["job_run_id"] == run_id
     assert conf["strategy"] == "least_count" and conf["strategy_from"] == "hash" and conf["topic"] == topic and conf["run_id"] == run_id
@@ -293,13 +295,15 @@ def test_dag_test_switch_decision_triggers_keyshift_switch(airflow_env, stack_se
 
 @pytest.mark.integration
 def test_monitor_evaluates_every_live_run_and_switches_one_per_topic(airflow_env, stack_settings, topic):
-    """Two live runs on one topic and a finished one: both live runs are evaluated (two mapped
-    instances), the finished one is not; both decide to switch, one is triggered, the other is
-    skipped with the reason in its record."""
+    """Two live runs on one topic, a finished one, and a live one whose topic is gone: both live
+    runs on the topic are evaluated (mapped instances), the finished one is not; both decide to
+    switch, one is triggered, the other is skipped with the reason in its record; the evaluation
+    that failed does not hold that switch, and fails the monitor's run (`all_evaluated`)."""
     import redis
 
     sent = _skewed_records(stack_settings, topic)
     first, second = _live_run(stack_settings, topic, f"{topic}-a", started_at=1.0), _live_run(stack_settings, topic, f"{topic}-b", started_at=2.0)
+    broken = _live_run(stack_settings, f"{topic}-deleted", f"{topic}-broken", started_at=0.5)  # its topic does not exist
     client = redis.Redis.from_url(stack_settings.redis_url, decode_responses=True)
     finished = f"{topic}-done"
     client.hset(names.redis_run_key(finished), mapping={"run_id": finished, "topic": topic, "state": "succeeded", "strategy": "hash",
@@ -307,7 +311,9 @@ def test_monitor_evaluates_every_live_run_and_switches_one_per_topic(airflow_env
     try:
         # no topic: the schedule's form (every live run keyshift knows; other tests' runs may be live too)
         result = _dag_test(airflow_env, names.BALANCE_MONITOR_DAG_ID, {**BASE_CONF, "trigger": "threshold", "theta": 1.0}, "evaluate")
-        assert result["state"] == "success", result
+        assert result["state"] == "failed", result  # the broken run's evaluation
+        assert {k: result["tasks"][k] for k in ("switches_decided", "trigger_switch", "all_evaluated")} == \
+            {"switches_decided": "success", "trigger_switch": "success", "all_evaluated": "failed"}, result["tasks"]
         records = {r["job_run_id"]: r for r in _series(stack_settings, topic)}
         assert set(records) == {first, second}  # the finished run is not evaluated
         assert all(r["events_arrived"] == sent and r["decision"]["switch"] for r in records.values())  # each from its own cursor
@@ -318,7 +324,7 @@ def test_monitor_evaluates_every_live_run_and_switches_one_per_topic(airflow_env
         skipped = records[other]["switch_request"]
         assert skipped["state"] == "skipped" and f"run {ours[0]['run_id']} on the same topic" in skipped["reason"], skipped
     finally:
-        client.delete(*(names.redis_run_key(r) for r in (first, second, finished)))
+        client.delete(*(names.redis_run_key(r) for r in (first, second, finished, broken)))
         client.close()
 
 
@@ -327,7 +333,8 @@ def test_dag_test_stay_decision_triggers_nothing(airflow_env, stack_settings, to
     sent = _skewed_records(stack_settings, topic)
     result = _dag_test(airflow_env, names.BALANCE_MONITOR_DAG_ID, {**BASE_CONF, "topic": topic, "trigger": "threshold", "theta": 0.0}, "evaluate")
     assert result["state"] == "success", result
-    assert result["tasks"] == {"live_runs": "success", "evaluate": "success", "switches_decided": "success", "trigger_switch": "skipped"}
+    assert result["tasks"] == {"live_runs": "success", "evaluate": "success", "switches_decided": "success", "all_evaluated": "success",
+                               "trigger_switch": "skipped"}
     record = result["xcom"]["record"]
     assert record["events_sampled"] == sent and record["decision"]["switch"] is False and record["decision"]["strategy"] == "hash"
     assert result["xcom"]["switch_conf"] is None
