@@ -116,11 +116,20 @@ class ResultStore:
                 if cursor:
                     pipe.hset(redis_balance_cursor_key(self.topic, self.run_id), mapping={k: json.dumps(v) for k, v in cursor.items()})
                 if switch is not None:
-                    fields = {"at_s": switch.at_s, "strategy_from": switch.strategy_from, "strategy_to": switch.strategy_to}
-                    if switch.migration_s is not None:
-                        fields["migration_s"] = switch.migration_s
-                    pipe.hset(redis_balance_switch_key(self.topic), mapping=fields)
+                    pipe.hset(redis_balance_switch_key(self.topic), mapping=_switch_fields(switch))
                 pipe.execute()
+        except redis.RedisError as exc:
+            raise self._unreachable(exc) from exc
+
+    def record_switch(self, switch: LastSwitch) -> None:
+        """Store `switch` as the topic's last switch (as `save` does with its `switch`), on its own:
+        the balance monitor's DAG records a decision as a switch once it requests it.
+
+        Raises:
+            StackError: Redis is unreachable.
+        """
+        try:
+            self.client.hset(redis_balance_switch_key(self.topic), mapping=_switch_fields(switch))
         except redis.RedisError as exc:
             raise self._unreachable(exc) from exc
 
@@ -223,6 +232,14 @@ class ResultStore:
             redis_balance_latest_key(self.topic), redis_balance_series_key(self.topic),
             redis_balance_cursor_key(self.topic), redis_balance_switch_key(self.topic), *cursors,
         )
+
+
+def _switch_fields(switch: LastSwitch) -> dict[str, Any]:
+    """The last-switch hash's fields of `switch` (`migration_s` only when measured, so a cost measured earlier stays)."""
+    fields: dict[str, Any] = {"at_s": switch.at_s, "strategy_from": switch.strategy_from, "strategy_to": switch.strategy_to}
+    if switch.migration_s is not None:
+        fields["migration_s"] = switch.migration_s
+    return fields
 
 
 def _plain(value: Any) -> Any:

@@ -313,7 +313,8 @@ def _published_in_force(settings: Settings, topic: str, strategy: str, partition
 
 
 def evaluate_topic(
-    settings: Settings, params: MonitorParams, *, now: datetime | None = None, save: bool = True, monitor_run_id: str | None = None
+    settings: Settings, params: MonitorParams, *, now: datetime | None = None, save: bool = True, monitor_run_id: str | None = None,
+    record_switch: bool = True,
 ) -> dict[str, Any]:
     """One evaluation of `params.topic` (steps in the module docstring).
 
@@ -323,6 +324,9 @@ def evaluate_topic(
         now: the evaluation's time (UTC; default now). The triggers' clock is its epoch seconds.
         save: store the record, the cursor and the switch (False: a dry run that moves nothing).
         monitor_run_id: the Airflow run id, recorded for tracing.
+        record_switch: store a decision that yields a switch conf as the topic's last switch (the
+            cost_aware trigger's history) with the record; False when the caller records it only
+            once it requests the switch (`switch_requests`, the DAG).
 
     Returns:
         `{"record": the stored record (`evaluate.evaluation_record` shape, plus `series`, `topic`,
@@ -455,7 +459,7 @@ def evaluate_topic(
         conf = None
         record["switch_request"] = {"state": "skipped", "reason": not_live}
         log.warning("%s: switch to %s not requested: %s", topic, decision.strategy, not_live)
-    switch = LastSwitch(now_s, params.strategy, decision.strategy) if decision.switch and conf is not None else None
+    switch = LastSwitch(now_s, params.strategy, decision.strategy) if record_switch and decision.switch and conf is not None else None
     if save:
         store.save(record, cursor={
             "at_s": now_s,
@@ -657,7 +661,7 @@ def evaluate_target(settings: Settings, raw: dict[str, Any], target: dict[str, A
     runnable = {**JOB_STRATEGIES, "flight_delays": DEFAULT_CANDIDATES}.get(target.get("job") or "", candidates)
     params = monitor_params({**raw, "topic": target["topic"], "run_id": target.get("run_id"),
                              "candidates": [c for c in candidates if c in runnable] or list(runnable)})
-    return evaluate_topic(settings, params, monitor_run_id=monitor_run_id)
+    return evaluate_topic(settings, params, monitor_run_id=monitor_run_id, record_switch=False)  # switch_requests records it
 
 
 def skip_reason(run: RunRecord | None, run_id: str, strategy_from: str | None, partitions_from: int | None) -> str | None:
@@ -712,11 +716,14 @@ def switch_requests(settings: Settings, results: list[dict[str, Any]]) -> list[d
     and the other is skipped (its next evaluation decides again). Each chosen decision is checked
     against its run's record as it is now (`skip_reason`): a run that stopped, or whose placement
     changed, since its evaluation is skipped. Every outcome goes to the task log and to the
-    monitor's record of the decision (`note_on_decision`).
+    monitor's record of the decision (`note_on_decision`); a requested switch becomes the topic's
+    last switch (`ResultStore.record_switch`: the cost_aware trigger's cool-down and history), a
+    skipped one does not.
 
     Raises:
         StackError: Redis is unreachable.
     """
+    from keyshift.monitoring.results import LastSwitch, ResultStore
     from keyshift.runs import run_record
 
     decided = sorted((r["switch_conf"] for r in results if r and r.get("switch_conf")),
@@ -735,6 +742,8 @@ def switch_requests(settings: Settings, results: list[dict[str, Any]]) -> list[d
             continue
         chosen[topic] = conf
         confs.append(conf)
+        decided_s = datetime.fromisoformat(str(conf["decided_at"])).timestamp()
+        ResultStore.from_settings(settings, topic).record_switch(LastSwitch(decided_s, conf["strategy_from"], conf["strategy"]))
         log.info("switch of run %s on %r requested: %s/P=%s -> %s/P=%s, expected gain %.2f s", run_id, topic, conf["strategy_from"],
                  conf["partitions_from"], conf["strategy"], conf["partitions"], conf.get("expected_gain_s") or 0.0)
         note_on_decision(settings, conf, "requested", f"keyshift_switch triggered for run {run_id}")

@@ -323,6 +323,8 @@ def test_monitor_evaluates_every_live_run_and_switches_one_per_topic(airflow_env
         assert records[ours[0]["run_id"]]["switch_request"]["state"] == "requested"
         skipped = records[other]["switch_request"]
         assert skipped["state"] == "skipped" and f"run {ours[0]['run_id']} on the same topic" in skipped["reason"], skipped
+        last = client.hgetall(names.redis_balance_switch_key(topic))  # the requested switch alone is the topic's last
+        assert (last["strategy_to"], float(last["at_s"])) == (ours[0]["strategy"], records[ours[0]["run_id"]]["at_s"]), last
     finally:
         client.delete(*(names.redis_run_key(r) for r in (first, second, finished, broken)))
         client.close()
