@@ -8,9 +8,11 @@ conf adds `strategy_from` and `partitions_from` (what it saw in force), `expecte
 (seconds of makespan saved over its horizon), `trigger`, `decided_at` and `monitor_run_id`.
 
 1. `record_request` validates the request, names the job run (it must be running, with no switch
-   under way), takes what is in force from the run's record (a decision made on a placement the
-   run has left since is refused as stale) and records the request in Redis
-   (`keyshift:switch:<topic>:requests`, newest first).
+   under way), takes what is in force from the run's record and records the request in Redis
+   (`keyshift:switch:<topic>:requests`, newest first). A monitor's decision for a run that is no
+   longer running, or whose placement (strategy, P) changed since the decision, is skipped, not
+   failed: the reason is in the task log and in the monitor's record of the decision
+   (`switch_request` in `keyshift:balance:<topic>:series`), and the monitor decides again.
 2. `switch` carries it out (`keyshift.migration.switch.request_switch`): plan the new assignment
    on a sample of the topic (least state moved), then the running driver cuts its query at a
    batch boundary, migrates every key's state to the new slots, starts the new query from the

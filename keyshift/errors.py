@@ -33,6 +33,17 @@ class QualityError(KeyshiftError):
     read to check them; the message names each failed expectation and a sample of its rows."""
 
 
+class SwitchSkipped(ConfigurationError):
+    """A switch decided by the balance monitor that no longer fits its run: the run is no longer
+    running (it finished, failed, or its supervisor restarts it), or its placement (strategy, P)
+    changed since the decision. Nothing was switched or recorded as a request.
+
+    A ConfigurationError (the request does not fit the run, and a retry would not make it fit);
+    the `keyshift_switch` DAG skips its task instead of failing it and writes the reason into the
+    monitor's record of the decision. The monitor's next evaluation decides again.
+    """
+
+
 class SwitchNotReady(JobError):
     """A switch was asked of a run that is alive but has not started its query yet (its driver is
     starting, or a bounded run with `--wait-for-input` waits for its `--limit` records), so there

@@ -88,9 +88,11 @@ def redis_balance_series_key(topic: str) -> str:
     return f"{REDIS_PREFIX}:balance:{topic}:series"
 
 
-def redis_balance_cursor_key(topic: str) -> str:
-    """Redis hash of what the next evaluation of a topic starts from (end offsets, job counts, trigger state)."""
-    return f"{REDIS_PREFIX}:balance:{topic}:cursor"
+def redis_balance_cursor_key(topic: str, run_id: str | None = None) -> str:
+    """Redis hash of what the next evaluation of a topic starts from (end offsets, job counts, trigger state):
+    the topic's own (`run_id` None: an evaluation that reads no job run), or one job run's on it
+    (`...:cursor:<run_id>`), so two runs reading one topic each measure what arrived since their own last evaluation."""
+    return f"{REDIS_PREFIX}:balance:{topic}:cursor" + (f":{run_id}" if run_id else "")
 
 
 def redis_balance_switch_key(topic: str) -> str:

@@ -68,6 +68,34 @@ waits `restart_delay_s` before it starts the driver again)."""
 TERMINAL_STATES = frozenset({"succeeded", "stopped", "failed"})
 """Run states the job writes when it ends (`stopped`: a continuous run ended on SIGTERM/SIGINT)."""
 
+LIVE_STATES = frozenset({"running", "restarting"})
+"""Run states of a live job run, the ones the balance monitor evaluates and may switch: its query
+runs, or its supervisor restarts its driver from the checkpoint (a `starting` run has no query
+yet to measure or cut; a finished run has nothing left to balance)."""
+
+
+def live_run_records(client: redis.Redis) -> list[RunRecord]:
+    """The run records in Redis whose state is in `LIVE_STATES`, oldest start first (then by run id).
+
+    Args:
+        client: a Redis client with `decode_responses=True`.
+
+    Raises:
+        StackError: Redis is unreachable.
+    """
+    prefix = redis_run_key("")
+    try:
+        keys = [k for k in client.scan_iter(match=prefix + "*", count=1000) if not k.endswith(":progress")]
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(key)
+            answers = pipe.execute(raise_on_error=False) if keys else []
+    except redis.RedisError as exc:
+        raise StackError(f"Redis does not answer for the run records ({exc}); run `keyshift stack up`") from exc
+    records = [RunRecord.from_redis({"run_id": key[len(prefix):], **fields})
+               for key, fields in zip(keys, answers) if isinstance(fields, dict) and fields.get("state") in LIVE_STATES]
+    return sorted(records, key=lambda r: (_number(r.started_at or "", float, 0.0) or 0.0, r.run_id or ""))
+
 @dataclass(frozen=True)
 class RunRecord:
     """A job run's record in Redis (`names.redis_run_key(run_id)`), typed.

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
             both are set; None (the default): S3A's default provider chain (AWS_* environment
             variables, a profile, the instance's or pod's role).
         partitions: P, the number of slots (Kafka partitions; Spark's stateful partitions are min(P, 1 per core)).
+        monitor_interval_s: seconds between the scheduled runs of `keyshift_balance_monitor` (its
+            schedule, read when the dag-processor parses the DAG, and the switch triggers' default
+            horizon); 600 (the default) = every 10 minutes. A test stack shortens it.
 
     The defaults of the ports and of `partitions` are `infra/stack.env`'s.
     """
@@ -127,6 +130,7 @@ class Settings(BaseSettings):
     s3_access_key: str | None = None
     s3_secret_key: SecretStr | None = None
     partitions: int = DEFAULT_PARTITIONS
+    monitor_interval_s: float = Field(default=600.0, gt=0)
 
     @field_validator("kafka_bootstrap", "checkpoint_location", "s3_endpoint", "s3_access_key", "s3_secret_key", mode="before")
     @classmethod

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,11 +175,12 @@ class JobCounts:
     path: str
 
 
-def latest_job_run(client: redis.Redis, topic: str) -> str | None:
+def latest_job_run(client: redis.Redis, topic: str, states: Collection[str] | None = None) -> str | None:
     """The run id of the most recently started job run that reads `topic`, from the Redis run records.
 
-    Scans `keyshift:run:<run_id>` hashes (see `keyshift.runs`) for `topic` and picks the largest
-    `started_at` (epoch seconds). Returns None when no run of the topic is recorded.
+    Scans `keyshift:run:<run_id>` hashes (see `keyshift.runs`) for `topic` (and a state in
+    `states`, when given: `keyshift.runs.LIVE_STATES` for a live run) and picks the largest
+    `started_at` (epoch seconds). Returns None when no such run is recorded.
 
     Raises:
         redis.RedisError: Redis is unreachable.
@@ -189,9 +190,10 @@ def latest_job_run(client: redis.Redis, topic: str) -> str | None:
         return None
     with client.pipeline(transaction=False) as pipe:
         for key in keys:
-            pipe.hmget(key, "run_id", "topic", "started_at")
+            pipe.hmget(key, "run_id", "topic", "started_at", "state")
         rows = pipe.execute()
-    runs = [(float(started or 0), run_id) for run_id, run_topic, started in rows if run_id and run_topic == topic]
+    runs = [(float(started or 0), run_id) for run_id, run_topic, started, state in rows
+            if run_id and run_topic == topic and (states is None or state in states)]
     return max(runs)[1] if runs else None
 
 

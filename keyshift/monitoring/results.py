@@ -6,7 +6,7 @@ Per monitored topic (key names in `keyshift.names`):
 | --- | --- | --- |
 | `keyshift:balance:<topic>:latest` | string | the latest record (JSON, `evaluate.evaluation_record`) |
 | `keyshift:balance:<topic>:series` | sorted set | the last `keep` records (JSON members, score = epoch seconds) |
-| `keyshift:balance:<topic>:cursor` | hash | where the next evaluation starts: `end_offsets`, `job_run_id`, `job_per_slot_events`, `trigger`, `trigger_state` (JSON values) |
+| `keyshift:balance:<topic>:cursor[:<run_id>]` | hash | where the next evaluation of the topic (of one job run on it, when the store names one) starts: `end_offsets`, `job_run_id`, `job_per_slot_events`, `trigger`, `trigger_state` (JSON values) |
 | `keyshift:balance:<topic>:last_switch` | hash | `at_s`, `strategy_from`, `strategy_to`, `migration_s` (the cost_aware trigger's switch history) |
 
 `ResultStore.save` writes the record, the series entry, the trimmed series, the cursor and (on a
@@ -65,28 +65,31 @@ class ResultStore:
         client: a Redis client with `decode_responses=True`.
         topic: the monitored topic (names the keys).
         keep: records kept in the recent series, >= 1.
+        run_id: the job run whose cursor this store reads and writes (`...:cursor:<run_id>`); None:
+            the topic's own cursor. The latest record, the series and the last switch are the topic's either way.
 
     Raises:
         ConfigurationError: keep < 1.
     """
 
-    def __init__(self, client: redis.Redis, topic: str, keep: int = DEFAULT_KEEP) -> None:
+    def __init__(self, client: redis.Redis, topic: str, keep: int = DEFAULT_KEEP, run_id: str | None = None) -> None:
         if keep < 1:
             raise ConfigurationError(f"keep must be >= 1 records, got {keep!r}")
         self.client = client
         self.topic = topic
         self.keep = keep
+        self.run_id = run_id
 
     @classmethod
-    def from_settings(cls, settings: Settings, topic: str, keep: int = DEFAULT_KEEP) -> ResultStore:
-        """A store on the coordinator at `settings.redis_url`.
+    def from_settings(cls, settings: Settings, topic: str, keep: int = DEFAULT_KEEP, run_id: str | None = None) -> ResultStore:
+        """A store on the coordinator at `settings.redis_url` (arguments as the constructor's).
 
         Raises:
             StackError: Redis does not answer (run `keyshift stack up`).
         """
         from keyshift.runs import redis_client
 
-        return cls(redis_client(settings), topic, keep)
+        return cls(redis_client(settings), topic, keep, run_id)
 
     def _unreachable(self, exc: redis.RedisError) -> StackError:
         return StackError(f"Redis does not answer for the balance series of {self.topic!r} ({exc}); run `keyshift stack up`")
@@ -111,13 +114,22 @@ class ResultStore:
                 pipe.zadd(series, {text: float(record["at_s"])})
                 pipe.zremrangebyrank(series, 0, -self.keep - 1)
                 if cursor:
-                    pipe.hset(redis_balance_cursor_key(self.topic), mapping={k: json.dumps(v) for k, v in cursor.items()})
+                    pipe.hset(redis_balance_cursor_key(self.topic, self.run_id), mapping={k: json.dumps(v) for k, v in cursor.items()})
                 if switch is not None:
-                    fields = {"at_s": switch.at_s, "strategy_from": switch.strategy_from, "strategy_to": switch.strategy_to}
-                    if switch.migration_s is not None:
-                        fields["migration_s"] = switch.migration_s
-                    pipe.hset(redis_balance_switch_key(self.topic), mapping=fields)
+                    pipe.hset(redis_balance_switch_key(self.topic), mapping=_switch_fields(switch))
                 pipe.execute()
+        except redis.RedisError as exc:
+            raise self._unreachable(exc) from exc
+
+    def record_switch(self, switch: LastSwitch) -> None:
+        """Store `switch` as the topic's last switch (as `save` does with its `switch`), on its own:
+        the balance monitor's DAG records a decision as a switch once it requests it.
+
+        Raises:
+            StackError: Redis is unreachable.
+        """
+        try:
+            self.client.hset(redis_balance_switch_key(self.topic), mapping=_switch_fields(switch))
         except redis.RedisError as exc:
             raise self._unreachable(exc) from exc
 
@@ -140,7 +152,7 @@ class ResultStore:
     def cursor(self) -> dict[str, Any]:
         """The cursor hash, JSON-decoded (empty before the first evaluation). Raises StackError when unreachable."""
         try:
-            raw = self.client.hgetall(redis_balance_cursor_key(self.topic))
+            raw = self.client.hgetall(redis_balance_cursor_key(self.topic, self.run_id))
         except redis.RedisError as exc:
             raise self._unreachable(exc) from exc
         return {k: json.loads(v) for k, v in raw.items()}
@@ -169,12 +181,65 @@ class ResultStore:
         except redis.RedisError as exc:
             raise self._unreachable(exc) from exc
 
+    def annotate(self, at_s: float, job_run_id: str | None, fields: Mapping[str, Any]) -> bool:
+        """Add `fields` to the stored record of the evaluation at `at_s` about `job_run_id`, in the
+        series and (when it is that record) as the latest, atomically (WATCH/MULTI, retried on a race).
+
+        What happened to a decision after the evaluation (its switch request skipped, with the
+        reason) is written this way into the monitor's own record.
+
+        Args:
+            at_s: the record's `at_s` (epoch seconds; matched within a millisecond).
+            job_run_id: the record's `job_run_id` (None matches a record that names none).
+            fields: JSON-able fields to set (they replace the record's fields of those names).
+
+        Returns:
+            True when the record was found and updated; False when the series no longer holds it.
+
+        Raises:
+            StackError: Redis is unreachable.
+        """
+        series, latest = redis_balance_series_key(self.topic), redis_balance_latest_key(self.topic)
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        pipe.watch(series, latest)
+                        members = pipe.zrangebyscore(series, at_s - 1e-3, at_s + 1e-3)
+                        found = next((m for m in members if json.loads(m).get("job_run_id") == job_run_id), None)
+                        if found is None:
+                            pipe.unwatch()
+                            return False
+                        record = json.loads(found)
+                        text = json.dumps({**record, **fields}, sort_keys=True)
+                        latest_text = pipe.get(latest)
+                        pipe.multi()
+                        pipe.zrem(series, found)
+                        pipe.zadd(series, {text: float(record["at_s"])})
+                        if latest_text == found:
+                            pipe.set(latest, text)
+                        pipe.execute()
+                        return True
+                    except redis.WatchError:
+                        continue
+        except redis.RedisError as exc:
+            raise self._unreachable(exc) from exc
+
     def delete(self) -> None:
-        """Remove the topic's four keys (latest, series, cursor, last switch)."""
+        """Remove the topic's keys (latest, series, the topic's cursor and every run's cursor on it, last switch)."""
+        cursors = list(self.client.scan_iter(match=redis_balance_cursor_key(self.topic, "*"), count=1000))
         self.client.delete(
             redis_balance_latest_key(self.topic), redis_balance_series_key(self.topic),
-            redis_balance_cursor_key(self.topic), redis_balance_switch_key(self.topic),
+            redis_balance_cursor_key(self.topic), redis_balance_switch_key(self.topic), *cursors,
         )
+
+
+def _switch_fields(switch: LastSwitch) -> dict[str, Any]:
+    """The last-switch hash's fields of `switch` (`migration_s` only when measured, so a cost measured earlier stays)."""
+    fields: dict[str, Any] = {"at_s": switch.at_s, "strategy_from": switch.strategy_from, "strategy_to": switch.strategy_to}
+    if switch.migration_s is not None:
+        fields["migration_s"] = switch.migration_s
+    return fields
 
 
 def _plain(value: Any) -> Any:

@@ -1,13 +1,19 @@
 """The scheduled balance monitor and the switch request: what `keyshift_balance_monitor` and
 `keyshift_switch` (and `keyshift balance evaluate --topic`) call.
 
+A scheduled monitor run evaluates every live job run (`evaluation_targets`: run records in state
+running or restarting, one mapped `evaluate` per run, `evaluate_target`), then `switch_requests`
+keeps at most one switch per topic, re-checks each against its run's record (`skip_reason`) and
+notes every outcome in the monitor's record (`note_on_decision`).
+
 One evaluation of a topic (`evaluate_topic`):
 
 1. read the topic's offsets; the records that arrived since the previous evaluation are the
-   offsets between the previous end offsets (the cursor in Redis) and the current ones;
+   offsets between the previous end offsets (the cursor in Redis: the job run's own, so two runs
+   on one topic each count from their own last evaluation) and the current ones;
 2. **arrivals**: those deltas are the events each slot (partition) received: measured loads;
-3. **processed**: the job run reading the topic (the `run_id` param, else the latest run
-   recorded in Redis) reports its processed events per slot; the difference from the previous
+3. **processed**: the job run reading the topic (the `run_id` param, else the latest live run
+   recorded in Redis, else the latest run of the topic) reports its processed events per slot; the difference from the previous
    evaluation's counts is what each slot processed in between. That run's record also says
    which strategy and P are in force (`placement_in_force`): a switch changes them, and the
    `strategy` and `partitions` params only stand in when no run is recorded;
@@ -21,7 +27,8 @@ One evaluation of a topic (`evaluate_topic`):
    (sampled figures, measured loads, decision) goes to the Parquet history and to Redis (latest + recent series) together with the new cursor, and a switch decision
    becomes the last switch;
 6. a switch decision yields the conf of a `keyshift_switch` run (`switch_conf`), naming the
-   job run to switch.
+   job run to switch; when that run is not live (none reads the topic, or it finished) there is
+   no conf and the record's `switch_request` says why.
 
 `keyshift_switch` then calls `record_switch_request` (validate, resolve the run, record the
 request) and `keyshift.orchestration.switching.carry_out` (the switch itself,
@@ -59,6 +66,14 @@ A decision stands until the next evaluation, so it is also the switch policies' 
 
 EVALUATION_INTERVAL_S = EVALUATION_INTERVAL.total_seconds()
 """`EVALUATION_INTERVAL` in seconds (600.0): the default `horizon_s` (`switch_policies.horizon_default`)."""
+
+
+def evaluation_interval(settings: Settings) -> timedelta:
+    """The `keyshift_balance_monitor` schedule: `settings.monitor_interval_s` (`KEYSHIFT_MONITOR_INTERVAL_S`;
+    default `EVALUATION_INTERVAL`, 10 minutes) as a timedelta. Read when the dag-processor parses the
+    DAG: the environment only, no connection or file."""
+    return timedelta(seconds=settings.monitor_interval_s)
+
 
 DEFAULT_CANDIDATES: tuple[str, ...] = ("hash", "modulo", "least_key", "least_count", "hot_split")
 """Strategies the monitor may recommend by default: those the flight delay job can run
@@ -139,26 +154,28 @@ class MonitorParams(BaseModel):
 
         return check_topic_names([value])[0]
 
-    def horizon(self) -> SourcedSeconds:
+    def horizon(self, interval_s: float = EVALUATION_INTERVAL_S) -> SourcedSeconds:
         """H of the expected gain, seconds, with its source: `horizon_s` when set, else the
-        evaluation interval (`EVALUATION_INTERVAL_S`; `switch_policies.horizon_default`)."""
+        evaluation interval `interval_s` (seconds; the schedule's period, `Settings.monitor_interval_s`;
+        `switch_policies.horizon_default`)."""
         from keyshift.monitoring.switch_policies import horizon_default
 
-        return horizon_default(self.horizon_s, EVALUATION_INTERVAL_S)
+        return horizon_default(self.horizon_s, interval_s)
 
-    def trigger_options(self, cost: SourcedSeconds | None = None) -> dict[str, Any]:
+    def trigger_options(self, cost: SourcedSeconds | None = None, interval_s: float = EVALUATION_INTERVAL_S) -> dict[str, Any]:
         """Keyword options of `switch_policies.policy_by_name` for `trigger`.
 
         Args:
             cost: cost_aware's migration cost with its source (`trigger_costs`, which reads the
                 measured switches in Redis); None = `cost_s` when set, else `switch_policies.DEFAULT_COST_S`.
+            interval_s: the evaluation interval, seconds (`horizon`).
 
         Every trigger gets `horizon_s` = `horizon()`; cost_aware also gets the sources of the
         horizon and the cost, which its reasons name.
         """
         from keyshift.monitoring.switch_policies import migration_cost
 
-        horizon = self.horizon()
+        horizon = self.horizon(interval_s)
         options: dict[str, Any] = {"horizon_s": horizon.seconds}
         if self.trigger == "periodic":
             options["period_s"] = self.period_s
@@ -296,7 +313,8 @@ def _published_in_force(settings: Settings, topic: str, strategy: str, partition
 
 
 def evaluate_topic(
-    settings: Settings, params: MonitorParams, *, now: datetime | None = None, save: bool = True, monitor_run_id: str | None = None
+    settings: Settings, params: MonitorParams, *, now: datetime | None = None, save: bool = True, monitor_run_id: str | None = None,
+    record_switch: bool = True,
 ) -> dict[str, Any]:
     """One evaluation of `params.topic` (steps in the module docstring).
 
@@ -306,6 +324,9 @@ def evaluate_topic(
         now: the evaluation's time (UTC; default now). The triggers' clock is its epoch seconds.
         save: store the record, the cursor and the switch (False: a dry run that moves nothing).
         monitor_run_id: the Airflow run id, recorded for tracing.
+        record_switch: store a decision that yields a switch conf as the topic's last switch (the
+            cost_aware trigger's history) with the record; False when the caller records it only
+            once it requests the switch (`switch_requests`, the DAG).
 
     Returns:
         `{"record": the stored record (`evaluate.evaluation_record` shape, plus `series`, `topic`,
@@ -331,11 +352,15 @@ def evaluate_topic(
     from keyshift.monitoring.sampling import Sampler
     from keyshift.monitoring.stream import read_offsets, sample_topic
     from keyshift.monitoring.switch_policies import Decision, policy_by_name
+    from keyshift.runs import LIVE_STATES
 
     at = now or datetime.now(timezone.utc)
     now_s = at.timestamp()
     topic = params.topic
     store = ResultStore.from_settings(settings, topic, params.keep)
+    # the topic's live run, else its latest run (its counts measure the topic; it is not switched)
+    run_id = params.run_id or latest_job_run(store.client, topic, LIVE_STATES) or latest_job_run(store.client, topic)
+    store = ResultStore.from_settings(settings, topic, params.keep, run_id=run_id)  # with the run's own cursor
     cursor = store.cursor()
     offsets = read_offsets(settings, topic)
     previous = {int(p): int(o) for p, o in (cursor.get("end_offsets") or {}).items()}
@@ -344,9 +369,9 @@ def evaluate_topic(
     since = f"since {datetime.fromtimestamp(cursor['at_s'], timezone.utc).isoformat()}" if "at_s" in cursor else "since the topic's oldest record"
     measured = [measured_loads("arrivals", arrived, f"Kafka end-offset deltas of {topic!r} {since}")]
 
-    run_id = params.run_id or latest_job_run(store.client, topic)
     raw = store.client.hgetall(names.redis_run_key(run_id)) if run_id else {}
-    params, in_force_source = placement_in_force(RunRecord.from_redis(raw) if raw else None, params)
+    run = RunRecord.from_redis(raw) if raw else None
+    params, in_force_source = placement_in_force(run, params)
     counts = job_counts(store.client, settings.runs_dir, run_id) if run_id else None
     if counts is not None:
         processed = since_previous(cursor.get("job_run_id"), cursor.get("job_per_slot_events"), counts)
@@ -377,12 +402,12 @@ def evaluate_topic(
     }
 
     last = store.last_switch()
-    horizon = params.horizon()
+    horizon = params.horizon(settings.monitor_interval_s)
     cost = trigger_costs(store.client, topic, params.cost_s, last) if params.trigger == "cost_aware" else None
     context.update({"horizon_s": horizon.seconds, "horizon_source": horizon.source})
     if cost is not None:
         context.update({"cost_s": cost.seconds, "cost_source": cost.source})
-    trigger = policy_by_name(params.trigger, **params.trigger_options(cost))
+    trigger = policy_by_name(params.trigger, **params.trigger_options(cost, settings.monitor_interval_s))
     if cursor.get("trigger") == params.trigger:
         trigger.restore(cursor.get("trigger_state") or {})
     if last is not None:
@@ -411,7 +436,10 @@ def evaluate_topic(
     else:
         record = _record_without_sample(at, context, decision, measured)
     conf = switch_conf(record, params, monitor_run_id) if decision.switch else None
-    if rescale is not None and rescale["recommended"] != rescale["current"]:
+    not_live = None if run is not None and run.state in LIVE_STATES else (
+        f"no live job run reads {topic!r}: nothing to switch" if run is None else
+        f"run {run_id} is {run.state}, not live: only a live run is switched")
+    if rescale is not None and rescale["recommended"] != rescale["current"] and not_live is None:
         # a change of P goes through the same switch: with the strategy switch, or on its own
         alone = conf is None
         conf = conf or {
@@ -427,7 +455,11 @@ def evaluate_topic(
             rescale["switch"] = f"not requested: keyshift_switch would refuse it ({exc.errors()[0]['msg']})"
             conf = None
         log.info("%s: rescale %s", topic, rescale["switch"])
-    switch = LastSwitch(now_s, params.strategy, decision.strategy) if decision.switch else None
+    if conf is not None and not_live is not None:
+        conf = None
+        record["switch_request"] = {"state": "skipped", "reason": not_live}
+        log.warning("%s: switch to %s not requested: %s", topic, decision.strategy, not_live)
+    switch = LastSwitch(now_s, params.strategy, decision.strategy) if record_switch and decision.switch and conf is not None else None
     if save:
         store.save(record, cursor={
             "at_s": now_s,
@@ -564,6 +596,188 @@ def switch_conf(record: dict[str, Any], params: MonitorParams, monitor_run_id: s
     }
 
 
+def evaluation_targets(settings: Settings, raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """What one `keyshift_balance_monitor` run evaluates: one target per live job run (the mapped
+    `evaluate` task's instances), each `{"topic", "run_id", "label"}`.
+
+    Each target also names the run's `job` (None when the record names none), whose strategies
+    bound the candidates (`evaluate_target`).
+
+    * neither `topic` nor `run_id` in `raw` (the schedule's runs): every live job run keyshift
+      knows (`keyshift.runs.live_run_records`: state running or restarting), each on its own topic;
+    * `topic` (a run by hand for one topic): the topic's live runs, or when none reads it, the topic
+      alone (`run_id` None: arrivals and the sample are scored; nothing can be switched);
+    * `run_id`: that run, which must be live.
+
+    Two live runs on one topic are two targets (each is measured with its own cursor); at most
+    one of them is switched per monitor run (`switch_requests`).
+
+    Args:
+        settings: where Redis is. raw: the DAG run's params (None = not given).
+
+    Returns:
+        The targets, oldest run first ([] when no run is live: the mapped task is skipped).
+
+    Raises:
+        ConfigurationError: `run_id` names no run, or one that is not live (finished runs are not evaluated).
+        StackError: Redis is unreachable.
+    """
+    from keyshift.runs import LIVE_STATES, live_run_records, redis_client, run_record
+
+    topic, run_id = raw.get("topic") or None, raw.get("run_id") or None
+    if run_id is not None:
+        record = run_record(settings, run_id)
+        if record is None or record.state not in LIVE_STATES:
+            state = "not recorded in Redis" if record is None else f"{record.state}"
+            raise ConfigurationError(f"run {run_id!r} is {state}: the monitor evaluates live runs only (state "
+                                     f"{' or '.join(sorted(LIVE_STATES))}); leave run_id empty to evaluate every live run")
+        runs = [record]
+    else:
+        runs = [r for r in live_run_records(redis_client(settings)) if topic is None or r.topic == topic]
+    targets = [{"topic": r.topic or topic or names.FLIGHTS_TOPIC, "run_id": r.run_id, "job": r.job} for r in runs]
+    if not targets and topic is not None:
+        targets = [{"topic": topic, "run_id": None}]
+    for target in targets:
+        target["label"] = f"{target['run_id'] or 'no live run'} on {target['topic']}"
+    log.info("%d evaluation(s): %s", len(targets), "; ".join(t["label"] for t in targets) or "no live job run")
+    return targets
+
+
+def evaluate_target(settings: Settings, raw: dict[str, Any], target: dict[str, Any], monitor_run_id: str | None = None) -> dict[str, Any]:
+    """One mapped `evaluate`: `evaluate_topic` of `target`'s topic and run (`evaluation_targets`),
+    with the DAG run's other params; the strategy and P in force come from the run's record. The
+    candidates are those of `raw` the run's job can run (`DEFAULT_CANDIDATES` for the flights;
+    `pipeline.JOB_STRATEGIES` for the others: YSB runs hash,
+    least_key and least_count; when none of them is, the job's own), so a decision never names a
+    strategy its job cannot switch to.
+
+    Raises:
+        ConfigurationError, StackError: from `monitor_params` and `evaluate_topic`.
+    """
+    from keyshift.orchestration.pipeline import JOB_STRATEGIES
+
+    candidates = list(raw.get("candidates") or DEFAULT_CANDIDATES)
+    # the flight delay job runs every default candidate (modulo too, which the pipeline's form leaves out)
+    runnable = {**JOB_STRATEGIES, "flight_delays": DEFAULT_CANDIDATES}.get(target.get("job") or "", candidates)
+    params = monitor_params({**raw, "topic": target["topic"], "run_id": target.get("run_id"),
+                             "candidates": [c for c in candidates if c in runnable] or list(runnable)})
+    return evaluate_topic(settings, params, monitor_run_id=monitor_run_id, record_switch=False)  # switch_requests records it
+
+
+def skip_reason(run: RunRecord | None, run_id: str, strategy_from: str | None, partitions_from: int | None) -> str | None:
+    """Why a switch decided for `run_id` on placement (`strategy_from`, `partitions_from`) no
+    longer fits the run as its record now stands, or None when it still does.
+
+    Args:
+        run: the run's record now (None: none in Redis). strategy_from, partitions_from: what the
+            decision saw in force (None: not said, not checked).
+    """
+    if run is None:
+        return f"run {run_id} has no record in Redis any more"
+    if run.state != "running":
+        return f"run {run_id} is {run.state}, not running: a switch moves a running job"
+    changed = [f"{name} was {said!r} and is now {has!r}" for name, said, has in (
+        ("strategy", strategy_from, run.strategy), ("P", partitions_from, run.partitions)) if said is not None and said != has]
+    if changed:
+        return f"the placement of run {run_id} changed since the decision ({', '.join(changed)})"
+    return None
+
+
+def note_on_decision(settings: Settings, conf: dict[str, Any], state: str, reason: str) -> bool:
+    """Write what became of a switch decision into the monitor's record of it
+    (`switch_request`: `{"state", "reason", "at"}`; `ResultStore.annotate`).
+
+    Args:
+        settings: where Redis is. conf: the `keyshift_switch` conf (`switch_conf`: its `topic`,
+            `run_id` and `decided_at` name the record). state: `requested` or `skipped`. reason: why.
+
+    Returns:
+        True when the record was found (False: a request by hand, or the record left the series).
+
+    Raises:
+        StackError: Redis is unreachable.
+    """
+    from keyshift.monitoring.results import ResultStore
+
+    decided = conf.get("decided_at")
+    if not decided or conf.get("trigger", "manual") == "manual":
+        return False
+    at_s = (decided if isinstance(decided, datetime) else datetime.fromisoformat(str(decided))).timestamp()
+    note = {"state": state, "reason": reason, "at": datetime.now(timezone.utc).isoformat()}
+    return ResultStore.from_settings(settings, conf["topic"]).annotate(at_s, conf.get("run_id"), {"switch_request": note})
+
+
+def switch_requests(settings: Settings, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `keyshift_switch` confs to trigger after one monitor run's evaluations (`evaluate_topic` results).
+
+    Per topic at most one switch: the topic's published assignment and its producers' partitioning
+    are shared by every run reading it, and a switch publishes a new epoch of them; so of two runs
+    on one topic whose decisions are to switch, the one with the larger expected gain is switched
+    and the other is skipped (its next evaluation decides again). Each chosen decision is checked
+    against its run's record as it is now (`skip_reason`): a run that stopped, or whose placement
+    changed, since its evaluation is skipped. Every outcome goes to the task log and to the
+    monitor's record of the decision (`note_on_decision`); a requested switch becomes the topic's
+    last switch (`ResultStore.record_switch`: the cost_aware trigger's cool-down and history), a
+    skipped one does not.
+
+    Raises:
+        StackError: Redis is unreachable.
+    """
+    from keyshift.monitoring.results import LastSwitch, ResultStore
+    from keyshift.runs import run_record
+
+    decided = sorted((r["switch_conf"] for r in results if r and r.get("switch_conf")),
+                     key=lambda c: -(c.get("expected_gain_s") or 0.0))
+    chosen: dict[str, dict[str, Any]] = {}
+    confs = []
+    for conf in decided:
+        topic, run_id = conf["topic"], conf["run_id"]
+        first = chosen.get(topic)
+        reason = (f"run {first['run_id']} on the same topic {topic!r} is switched by this evaluation (expected gain "
+                  f"{first.get('expected_gain_s', 0.0):.2f} s); one switch per topic at a time" if first else
+                  skip_reason(run_record(settings, run_id), run_id, conf.get("strategy_from"), conf.get("partitions_from")))
+        if reason is not None:
+            log.warning("switch of run %s to %s skipped: %s", run_id, conf["strategy"], reason)
+            note_on_decision(settings, conf, "skipped", reason)
+            continue
+        chosen[topic] = conf
+        confs.append(conf)
+        decided_s = datetime.fromisoformat(str(conf["decided_at"])).timestamp()
+        ResultStore.from_settings(settings, topic).record_switch(LastSwitch(decided_s, conf["strategy_from"], conf["strategy"]))
+        log.info("switch of run %s on %r requested: %s/P=%s -> %s/P=%s, expected gain %.2f s", run_id, topic, conf["strategy_from"],
+                 conf["partitions_from"], conf["strategy"], conf["partitions"], conf.get("expected_gain_s") or 0.0)
+        note_on_decision(settings, conf, "requested", f"keyshift_switch triggered for run {run_id}")
+    return confs
+
+
+def check_evaluations(targets: list[dict[str, Any]], results: list[dict[str, Any]]) -> int:
+    """Fail when an evaluation of one monitor run failed, once the others' decisions were carried out.
+
+    `switches_decided` and `all_evaluated` run whatever became of the mapped `evaluate` (trigger
+    rule all_done), so a run whose evaluation fails (its topic was deleted, its record is stale)
+    does not keep the other runs from being balanced; this check then fails the monitor's run,
+    naming the runs, so the failure shows in the grid.
+
+    Args:
+        targets: `evaluation_targets`. results: the `evaluate_topic` results that were returned.
+
+    Returns:
+        The number of runs evaluated.
+
+    Raises:
+        JobError: a target without a result (each named by its label).
+    """
+    from keyshift.errors import JobError
+
+    done = {(r["record"].get("topic"), r["record"].get("job_run_id")) for r in results if r and r.get("record")}
+    topics = {topic for topic, _ in done}
+    missing = [t["label"] for t in targets if (t["topic"], t["run_id"]) not in done and not (t["run_id"] is None and t["topic"] in topics)]
+    if missing:
+        raise JobError(f"the evaluation of {len(missing)} of {len(targets)} run(s) failed: {'; '.join(missing)}; see the "
+                       f"log of its mapped evaluate task (the other runs' decisions were carried out)")
+    return len(targets)
+
+
 REQUEST_TRIGGERS = ("periodic", "count", "threshold", "cost_aware", "manual")
 """Who asked for a switch: one of the monitor's triggers, or `manual` (the trigger form, by hand)."""
 
@@ -633,8 +847,11 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> R
     Raises:
         SwitchNotReady: the run is alive but has not started its query yet (starting, restarting,
             or waiting for records: no `job.json`; `keyshift.migration.switch.refuse_unstarted_run`).
-        ConfigurationError: no such run, a run that is not running, or one with a switch under way.
+        SwitchSkipped: a monitor's decision (`trigger` not `manual`) for a run that is not running (`skip_reason`).
+        ConfigurationError: no such run, a run that is not running (a request by hand), or one with a switch under way.
     """
+    from keyshift.errors import SwitchSkipped
+
     from keyshift.migration.switch import SwitchControl, refuse_unstarted_run
     from keyshift.monitoring.loads import latest_job_run
 
@@ -648,6 +865,9 @@ def _switch_target(settings: Settings, client: Any, request: SwitchRequest) -> R
     record = RunRecord.from_redis({"run_id": run_id, **raw})
     if record.active and not RunDir.of(settings.runs_dir, run_id).job_record.exists():
         refuse_unstarted_run(settings, run_id)  # alive and not started: SwitchNotReady; else why not
+    if record.state != "running" and request.trigger != "manual":
+        raise SwitchSkipped(f"{skip_reason(record, run_id, None, None)}; the monitor decided at {request.decided_at}, "
+                            f"its next evaluation decides again")
     if record.state != "running":
         which = "" if request.run_id else f"the latest job run on topic {request.topic!r}, "
         raise ConfigurationError(f"run {run_id} ({which}state {record.state!r}) is not running: a switch moves a running job; "
@@ -665,7 +885,8 @@ def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: 
     The run is the conf's `run_id`, else the latest run recorded on the conf's topic; it must be
     running, with no switch under way. What is in force comes from its record (strategy,
     partitions, topic); a `strategy_from` or `partitions_from` in the conf that differs from it
-    is a stale decision (the run has switched since) and is refused. The request goes to
+    is a stale decision (the run has switched since) and is skipped (`SwitchSkipped`), as is a
+    monitor's decision for a run that is no longer running. The request goes to
     `keyshift:switch:<topic>:requests` (newest first, the last 100 kept).
 
     Args:
@@ -678,8 +899,10 @@ def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: 
 
     Raises:
         SwitchNotReady: the run has not started its query yet; nothing is recorded.
-        ConfigurationError: the conf is not a valid request (every problem named), its run cannot
-            be switched now, or the decision is stale.
+        SwitchSkipped: the decision is stale, or a monitor's decision names a run that is not
+            running (`skip_reason` says which); nothing is recorded.
+        ConfigurationError: the conf is not a valid request (every problem named), or its run
+            cannot be switched now.
         StackError: Redis is unreachable.
     """
     from keyshift.runs import redis_client
@@ -688,12 +911,12 @@ def record_switch_request(settings: Settings, conf: dict[str, Any], dag_run_id: 
     client = redis_client(settings)
     run = _switch_target(settings, client, given)
     strategy_from, partitions_from = run.strategy, run.partitions or None
-    stale = [f"{name} {said!r} (the run has {has!r})" for name, said, has in (
-        ("strategy_from", given.strategy_from, strategy_from), ("partitions_from", given.partitions_from, partitions_from))
-        if said is not None and said != has]
+    stale = skip_reason(run, run.run_id, given.strategy_from, given.partitions_from)
     if stale:
-        raise ConfigurationError(f"stale switch request for run {run.run_id}: {', '.join(stale)}; it has switched since "
-                                 f"the decision of {given.decided_at}; the monitor's next evaluation decides again")
+        from keyshift.errors import SwitchSkipped
+
+        raise SwitchSkipped(f"stale switch request: {stale} (decided at {given.decided_at}); "
+                            f"the monitor's next evaluation decides again")
     if run.topic and run.topic != given.topic:
         log.info("run %s reads %r, not %r: switching it on its own topic", run.run_id, run.topic, given.topic)
     request = _switch_request({

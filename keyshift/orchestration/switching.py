@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from keyshift.errors import JobError, SwitchNotReady
+from keyshift.errors import JobError, SwitchNotReady, SwitchSkipped
 from keyshift.migration.switch_record import SwitchRecord
 from keyshift.settings import Settings
 
@@ -34,21 +34,26 @@ RESULT_FIELDS = ("switch_id", "run_id", "topic", "state", "step", "strategy_from
 
 def record_request(settings: Settings, conf: Mapping[str, Any], dag_run_id: str | None = None) -> dict[str, Any]:
     """The body of `keyshift_switch`'s `record_request` task: `monitor.record_switch_request`,
-    with a run that has not started its query yet skipping the task (and so the DAG run's
-    `switch`) instead of failing it; nothing is recorded then.
+    with a run that has not started its query yet, or a monitor's decision that no longer fits its
+    run (`SwitchSkipped`: the run is not running, or its placement changed since), skipping the task
+    (and so the DAG run's `switch`) instead of failing it; nothing is recorded as a request then.
+    A skipped decision's reason is also written into the monitor's record of it (`monitor.note_on_decision`).
 
     Raises:
-        airflow.sdk.exceptions.AirflowSkipException: `SwitchNotReady` (its message kept).
+        airflow.sdk.exceptions.AirflowSkipException: `SwitchNotReady` or `SwitchSkipped` (the message kept).
         ConfigurationError, StackError: from `record_switch_request`.
     """
-    from keyshift.orchestration.monitor import record_switch_request
+    from keyshift.orchestration.monitor import note_on_decision, record_switch_request
 
     try:
         return record_switch_request(settings, dict(conf), dag_run_id=dag_run_id)
-    except SwitchNotReady as exc:
+    except (SwitchNotReady, SwitchSkipped) as exc:
         from airflow.sdk.exceptions import AirflowSkipException
 
         log.warning("switch request not recorded: %s", exc)
+        if isinstance(exc, SwitchSkipped) and note_on_decision(settings, dict(conf), "skipped", str(exc)):
+            log.info("the reason is in the monitor's record of the decision of %s (keyshift:balance:%s:series)",
+                     conf.get("decided_at"), conf.get("topic"))
         raise AirflowSkipException(str(exc)) from exc
 
 

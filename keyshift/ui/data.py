@@ -10,7 +10,8 @@ Where each input comes from:
 | `runs/<run_id>/batches/<id>.json` | the sink's ledger | per batch `per_slot_events` (the authoritative counts) |
 | `runs/<run_id>/task_seconds.json` | `keyshift.runtime.run_summary.TaskTimeRecorder` | `{"source"|"stateful": {batch_id: [seconds per task]}}` (source: per ingest task, = per slot when not coalesced; stateful: per stateful partition) |
 | `runs/<run_id>/job.json` | the driver | `config` and, after a switch, `segments` (strategy, partitions, epoch per segment) |
-| `runs/<run_id>/quality.json`, `pipeline.json` `quality` | `keyshift dq run` / the demo, the pipeline's `data_quality` task | suites with rows, evaluated and failed expectations, `data_docs` |
+| `runs/<run_id>/quality.json`, `pipeline.json` `quality`, `summary.json` `quality` | `keyshift dq run`, the pipeline's `data_quality` task, `keyshift run demo` (its windows suite) | suites with rows, evaluated and failed expectations, `data_docs` (the pipeline's failed check: `success` false and `error`) |
+| `runs/<run_id>/summary.json` | the driver at the run's end | events read, late events, dead letters (and by reason), pending events, windows emitted |
 | monitor records | `keyshift.monitoring.results.ResultStore.save` | `evaluate.evaluation_record` plus `consumer_lag` |
 | switch records | `keyshift.migration.switch.SwitchControl` | see that module's step table |
 """
@@ -377,22 +378,103 @@ def _quality_from(document: Mapping[str, Any], source: str, run_dir: Path) -> Qu
                          tuple(failures))
 
 
+DEMO_SUITE = "flight_delay_windows"
+"""The suite `keyshift run demo` validates its windows table with (`keyshift.quality.windows.validate_windows`)."""
+
+
+def _demo_quality(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The demo's result (`summary.json` `quality`: success, evaluated, rows, failed [{type, kwargs, line}])
+    in the shape of `quality.json` (one suite)."""
+    failed = [f.get("line") or f"{f.get('type')}({f.get('kwargs')})" if isinstance(f, Mapping) else str(f)
+              for f in document.get("failed") or []]
+    return {"success": document.get("success"), "failures": failed,
+            "suites": [{"suite": DEMO_SUITE, "success": document.get("success"), "rows": document.get("rows"),
+                        "evaluated": document.get("evaluated"), "failed": len(failed)}]}
+
+
 def quality_result(run_dir: Path) -> QualityResult | None:
-    """The run's last data-quality result, from whichever of `quality.json` (`keyshift dq run`, the
-    demo) and `pipeline.json`'s `quality` (the pipeline's task) was written last; None when neither
-    holds one (or the task was skipped)."""
+    """The run's last data-quality result, from whichever was written last of `quality.json`
+    (`keyshift dq run`), `pipeline.json`'s `quality` (the pipeline's `data_quality` task; a check
+    that failed before its suites ran records `success` false and its `error`) and `summary.json`'s
+    `quality` (`keyshift run demo`'s windows suite); None when none holds one (or the task was skipped)."""
     candidates = []
-    for name in (RunDir.QUALITY, RunDir.PIPELINE):
+    for name in (RunDir.QUALITY, RunDir.PIPELINE, RunDir.SUMMARY):
         path = run_dir / name
         document = read_json(path)
-        if name == RunDir.PIPELINE:
+        if name != RunDir.QUALITY:
             document = (document or {}).get("quality") if isinstance(document, dict) else None
-        if isinstance(document, dict) and not document.get("skipped") and "suites" in document:
-            candidates.append((path.stat().st_mtime, name, document))
+        if not isinstance(document, dict) or document.get("skipped") or "success" not in document:
+            continue
+        if name == RunDir.SUMMARY:
+            document = _demo_quality(document)
+        elif "suites" not in document:  # the pipeline's record of a check that raised before its suites
+            document = {**document, "suites": [], "failures": [str(document.get("error") or "no suite result recorded")]}
+        candidates.append((path.stat().st_mtime, name, document))
     if not candidates:
         return None
     _, name, document = max(candidates, key=lambda c: c[0])
     return _quality_from(document, name, run_dir)
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What a run did with its events, as the overview and the run page show it.
+
+    Attributes:
+        events_read: events the run read (None: not known yet).
+        late_events: events behind their watermark, sent to the late output.
+        dead_letters: records that could not be parsed or validated, sent to the dead-letter topic.
+        dead_letter_reasons: the most frequent dead-letter reasons with their counts, most first
+            (from the summary; empty while the run goes on: its progress records carry no reasons).
+        pending: events still in open windows (the summary's `pending_events`; while the run goes
+            on, read minus accounted events of its last batch).
+        windows: windows emitted (the summary's `windows_emitted`; None while the run goes on).
+        source: `summary` (the run ended), `progress` (its last batch) or `nothing recorded`.
+    """
+
+    events_read: int | None
+    late_events: int | None
+    dead_letters: int | None
+    dead_letter_reasons: tuple[tuple[str, int], ...]
+    pending: int | None
+    windows: int | None
+    source: str
+
+
+TOP_REASONS = 3
+"""Dead-letter reasons shown per run."""
+
+
+def run_figures(summary: Mapping[str, Any] | None, latest: Mapping[str, Any] | None) -> RunFigures:
+    """A run's figures from its summary (once it ended), else its last progress record.
+
+    Args:
+        summary: `summary.json`, or None. latest: the last progress record (`RunRecorder.progress`:
+            `events_read`, `events_accounted`, `late_events`, `dead_letters`), or None.
+    """
+    if summary:
+        reasons = summary.get("dead_letters_by_reason") or {}
+        top = sorted(((str(k), as_int(v) or 0) for k, v in reasons.items()), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
+        return RunFigures(as_int(summary.get("events_read")), as_int(summary.get("late_events")), as_int(summary.get("dead_letters")),
+                          tuple(top), as_int(summary.get("pending_events")), as_int(summary.get("windows_emitted")), "summary")
+    if latest:
+        read, accounted = as_int(latest.get("events_read")), as_int(latest.get("events_accounted"))
+        return RunFigures(read, as_int(latest.get("late_events")), as_int(latest.get("dead_letters")), (),
+                          None if read is None or accounted is None else read - accounted, None, "progress")
+    return RunFigures(None, None, None, (), None, None, "nothing recorded")
+
+
+def attention(figures: RunFigures, quality: QualityResult | None) -> tuple[str, ...]:
+    """What to mark on a run: late events or dead letters above zero, a failed quality result
+    (one short phrase each, e.g. `1,183,168 late events`); empty when none applies."""
+    marks = []
+    if figures.late_events:
+        marks.append(f"{figures.late_events:,} late events")
+    if figures.dead_letters:
+        marks.append(f"{figures.dead_letters:,} dead letters")
+    if quality is not None and not quality.success:
+        marks.append("quality failed")
+    return tuple(marks)
 
 
 def strategy_balance_series(records: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:

@@ -23,6 +23,8 @@ table{border-collapse:collapse;font-size:.85rem;margin:4px 0 8px} th,td{border:1
 th{background:#f7fafc} td.n{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:#276749;font-weight:600} .bad{color:#c53030;font-weight:600} .muted{color:#718096}
 .note{background:#fffaf0;border:1px solid #f6ad55;padding:6px 10px;margin:8px 0}
+.alert{background:#fff5f5;border:1px solid #fc8181;color:#c53030;padding:6px 10px;margin:8px 0;font-weight:600}
+tr.attention td{background:#fff5f5} td.mark{min-width:9em}
 .facts{display:grid;grid-template-columns:max-content auto;gap:2px 16px;font-size:.9rem}
 .facts dt{color:#4a5568} .facts dd{margin:0}
 .plot svg{width:100%;max-width:1100px;height:auto} a{color:#2b6cb0}
@@ -92,15 +94,40 @@ def _assignment(meta: Any) -> str:
     return esc(f"{meta.strategy}, P = {meta.partitions}, epoch {meta.epoch}, published {when(meta.published_at)}")
 
 
+def mark(attention: Sequence[str]) -> str:
+    """The mark of a run that needs a look (`data.attention`): "⚠" and what, in red; "ok" (green) otherwise."""
+    if not attention:
+        return '<span class="ok">ok</span>'
+    return f'<span class="bad" title="{esc(", ".join(attention))}">⚠ {esc("; ".join(attention))}</span>'
+
+
+def dead_letters(figures: data.RunFigures) -> str:
+    """Dead letters with their top reasons (`count (reason: n, ...)`)."""
+    reasons = ", ".join(f"{reason}: {number(n)}" for reason, n in figures.dead_letter_reasons)
+    return number(figures.dead_letters) + (f' <span class="muted">({esc(reasons)})</span>' if reasons else "")
+
+
+def switches_cell(rows: Sequence[data.SwitchRow]) -> str:
+    """A run's switches in a cell: how many, and the pause each achieved (seconds; `–` when not measured)."""
+    if not rows:
+        return "0"
+    pauses = ", ".join(f"{number(r.pause_s, 2)} s" if r.pause_s is not None else f"{esc(r.state)}" for r in rows)
+    return f'{len(rows)} <span class="muted">(pause {pauses})</span>'
+
+
 def run_rows(rows: Sequence[RunRow], prefix: str) -> str:
-    """The runs table; each run id links to `prefix + runs/<id>`."""
-    return table(
-        ["run", "topic", "state", "strategy", "epoch", "P", "started (UTC)", "events read", "balance degree", "quality"],
-        ([link(f"{prefix}runs/{quote(r.run_id, safe='')}", r.run_id), esc(r.topic), esc(r.state), esc(r.strategy), esc(r.epoch),
-          esc(r.partitions), when(r.started_at_s), number(r.events_read), number(r.balance_degree, 3), verdict(r.quality_ok)]
-         for r in rows),
-        numeric=(4, 5, 7, 8),
-    )
+    """The runs table; each run id links to `prefix + runs/<id>`; a row that needs a look is marked."""
+    head = ["run", "topic", "state", "check", "strategy", "epoch", "P", "started (UTC)", "events read", "late events", "dead letters",
+            "pending", "windows", "balance degree", "quality", "switches"]
+    body = "".join(
+        f'<tr class="{"attention" if r.attention else "fine"}">' + "".join(
+            f'<td class="{"n" if i in (5, 6, 8, 9, 11, 12, 13) else "mark" if i == 3 else ""}">{cell}</td>' for i, cell in enumerate((
+                link(f"{prefix}runs/{quote(r.run_id, safe='')}", r.run_id), esc(r.topic), esc(r.state), mark(r.attention), esc(r.strategy),
+                esc(r.epoch), esc(r.partitions), when(r.started_at_s), number(r.figures.events_read), number(r.figures.late_events),
+                dead_letters(r.figures), number(r.figures.pending), number(r.figures.windows), number(r.balance_degree, 3),
+                verdict(r.quality_ok), switches_cell(r.switches))))
+        + "</tr>" for r in rows)
+    return f"<table><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def overview_page(overview: Overview) -> str:
@@ -171,17 +198,20 @@ def _in_force(view: RunView) -> str:
 def _figures(view: RunView) -> str:
     summary = view.summary or {}
     record = view.record
+    figures = view.figures
     items = [("topic", link(f"../topics/{quote(view.topic.topic, safe='')}", view.topic.topic) if view.topic else "–"),
              ("state", esc(record.get("state") or ("finished" if summary else None))),
              ("started", esc(when(data.as_float(record.get("started_at"))))),
-             ("finished", esc(when(data.as_float(record.get("finished_at")))))]
+             ("finished", esc(when(data.as_float(record.get("finished_at"))))),
+             ("events read", number(figures.events_read) + f' <span class="muted">({esc(figures.source)})</span>'),
+             ("late events", number(figures.late_events)), ("dead letters", dead_letters(figures)),
+             ("pending (open windows)", number(figures.pending)), ("windows", number(figures.windows)),
+             ("quality", verdict(None if view.quality is None else view.quality.success)),
+             ("switches", switches_cell(view.switches)), ("check", mark(view.attention))]
     if summary:
-        items += [("events read", number(summary.get("events_read"))),
-                  ("throughput", f"{number(summary.get('events_per_second'))} events/s over {number(summary.get('wall_seconds'), 1)} s"),
+        items += [("throughput", f"{number(summary.get('events_per_second'))} events/s over {number(summary.get('wall_seconds'), 1)} s"),
                   ("balance degree (whole run)", number(summary.get("balance_degree"), 3)),
-                  ("late events / dead letters", f"{number(summary.get('late_events'))} / {number(summary.get('dead_letters'))}"),
-                  ("reconciled", verdict(summary.get("reconciled"), "yes", "no")),
-                  ("windows", number(summary.get("windows_emitted")))]
+                  ("reconciled", verdict(summary.get("reconciled"), "yes", "no"))]
     elif view.batches:
         items.append(("batches so far", number(len(view.batches))))
     if record.get("error"):
@@ -231,8 +261,9 @@ def _quality(view: RunView) -> str:
 
 def run_page(view: RunView) -> str:
     """One run: placement in force, per-slot load and task seconds over time, the monitor, switches, quality."""
+    alert = f'<p class="alert">⚠ {esc("; ".join(view.attention))}</p>' if view.attention else ""
     body = (
-        f"<p>{link('../', 'keyshift')} / run</p><h1>run {esc(view.run_id)}</h1>{_figures(view)}"
+        f"<p>{link('../', 'keyshift')} / run</p><h1>run {esc(view.run_id)}</h1>{alert}{_figures(view)}"
         f"<h2>Placement in force</h2>{_in_force(view)}"
         f"<h2>Per-slot load over time</h2>{plot(plots.slot_load_svg(view.batches), 'no micro-batch recorded yet')}"
         f"{plot(plots.task_seconds_svg(view.task_seconds), 'no task seconds measured for this run')}"

@@ -47,6 +47,9 @@ class RunRow:
         events_read: events the run read (summary, else the latest progress record; None unknown).
         balance_degree: the whole run's per-slot balance degree (summary; None before it ends).
         quality_ok: the last data-quality result passed (None: none recorded).
+        figures: events read, late events, dead letters (top reasons), pending, windows (`data.run_figures`).
+        switches: its switches, oldest first (with the pause each achieved).
+        attention: what to mark (`data.attention`: late events or dead letters above zero, quality failed).
     """
 
     run_id: str
@@ -59,6 +62,9 @@ class RunRow:
     events_read: int | None
     balance_degree: float | None
     quality_ok: bool | None
+    figures: data.RunFigures = data.RunFigures(None, None, None, (), None, None, "nothing recorded")
+    switches: tuple[data.SwitchRow, ...] = ()
+    attention: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class RunView:
         switches: its switches, oldest first. quality: the last data-quality result (None: none).
         topic: the topic's view (assignment, monitor records), None when the topic is unknown.
         redis_error: why Redis could not be read ("" when it was).
+        figures: events read, late events, dead letters (top reasons), pending, windows (`data.run_figures`).
     """
 
     run_id: str
@@ -105,6 +112,12 @@ class RunView:
     quality: data.QualityResult | None
     topic: TopicView | None
     redis_error: str = ""
+    figures: data.RunFigures = data.RunFigures(None, None, None, (), None, None, "nothing recorded")
+
+    @property
+    def attention(self) -> tuple[str, ...]:
+        """What to mark on the run (`data.attention`)."""
+        return data.attention(self.figures, self.quality)
 
     @property
     def monitor(self) -> list[Mapping[str, Any]]:
@@ -196,7 +209,7 @@ class Reader:
         return sorted(ids)
 
     def run_row(self, run_id: str) -> RunRow:
-        """The list row of one run (reads its summary, job record and last progress line)."""
+        """The list row of one run (reads its summary, job record, last progress line, quality result and switches)."""
         run_dir = self.runs_dir / run_id
         record = self.run_records().get(run_id, {})
         summary = data.read_json(RunDir(run_dir).summary)
@@ -206,17 +219,17 @@ class Reader:
         started = data.as_float(record.get("started_at"))
         if started is None and run_dir.is_dir():
             started = run_dir.stat().st_mtime
-        events = (summary or {}).get("events_read")
-        if events is None:
-            events = data.as_int(self._latest_progress(run_id).get("events_read"))
+        figures = data.run_figures(summary, None if summary else self._latest_progress(run_id))
         quality = data.quality_result(run_dir)
         topic = record.get("topic") or (summary or {}).get("topic") or data.recorded_config(job).get("topic") or ""
         state = record.get("state") or ("succeeded" if summary else "")
         return RunRow(run_id, topic, state, placement.strategy, placement.epoch, placement.partitions, started,
-                      data.as_int(events), data.as_float((summary or {}).get("balance_degree")),
-                      None if quality is None else quality.success)
+                      figures.events_read, data.as_float((summary or {}).get("balance_degree")),
+                      None if quality is None else quality.success, figures, tuple(self.switches(run_id)),
+                      data.attention(figures, quality))
 
     def _latest_progress(self, run_id: str) -> dict[str, Any]:
+        """The run's last progress record: Redis `latest`, else the last line of `progress.jsonl`; {} when none."""
         if self.client is not None:
             try:
                 text = self.client.hget(names.redis_progress_key(run_id), "latest")
@@ -224,7 +237,8 @@ class Reader:
                     return json.loads(text)
             except (redis.RedisError, ValueError):
                 pass
-        return {}
+        records = data.read_jsonl(RunDir(self.runs_dir / run_id).progress)
+        return records[-1] if records else {}
 
     def runs(self, topic: str | None = None, limit: int = 50) -> list[RunRow]:
         """The newest `limit` runs (of `topic` when given), newest first.
@@ -358,4 +372,5 @@ class Reader:
             task_seconds=data.task_seconds(data.read_json(RunDir(run_dir).task_seconds)),
             switches=tuple(self.switches(run_id)), quality=data.quality_result(run_dir),
             topic=self.topic(topic) if topic else None, redis_error=self.redis_error,
+            figures=data.run_figures(summary, None if summary else self._latest_progress(run_id)),
         )

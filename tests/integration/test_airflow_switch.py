@@ -22,7 +22,8 @@ Unpausing the monitor makes Airflow start a scheduled run of it at once (catch-u
 runs the latest interval), with the DAG's defaults; it runs during the pipeline's replay, and
 before its own monitor run the test waits for it to end and deletes the `keyshift_switch` runs
 queued meanwhile (keyshift_switch is paused until then), so only the test's decision switches
-the job. Pause states are restored at the end.
+the job; the monitor is paused again once the test's monitor run ended, since every scheduled
+run evaluates every live run (this job too). Pause states are restored at the end.
 
 Needs the whole local stack (`keyshift stack up`); skipped when the Airflow API does not answer.
 About 6.5 minutes on 2 cores shared with other Spark jobs, most of it before the job's first
@@ -179,6 +180,7 @@ def test_monitor_triggers_a_switch_of_the_pipelines_running_job(api, stack_setti
         monitor_run = f"e2e_switch_monitor_{stamp}"
         _trigger(api, names.BALANCE_MONITOR_DAG_ID, monitor_run, {**MONITOR_CONF, "run_id": job_run})
         state = _wait_run(api, names.BALANCE_MONITOR_DAG_ID, monitor_run, 300)
+        _set_paused(api, names.BALANCE_MONITOR_DAG_ID, True)  # no scheduled run (every live run) switches the job meanwhile
         assert state == "success", _report(api, names.BALANCE_MONITOR_DAG_ID, monitor_run)
         tasks = {t["task_id"]: t["state"] for t in _get(api, f"/api/v2/dags/{names.BALANCE_MONITOR_DAG_ID}/dagRuns/{monitor_run}/taskInstances")["task_instances"]}
         assert tasks["trigger_switch"] == "success", f"the monitor did not decide to switch: {tasks}"

@@ -153,9 +153,22 @@ def test_cost_aware_cool_down_uses_the_switch_history_in_redis(stack_settings, c
     # the same switch an hour ago: the cool-down is over and the move pays
     store.save({"at_s": 1.0}, switch=LastSwitch(time.time() - 3600, "least_count", "hash"))
     _send(stack_settings, topic, skewed)
-    allowed = evaluate_topic(settings, params)
-    assert allowed["switch_conf"]["strategy"] == "least_count" and allowed["switch_conf"]["expected_gain_s"] > 0
-    assert store.last_switch().strategy_to == "least_count"  # the decided switch is the new history
+    unread = evaluate_topic(settings, params)  # no job run reads the topic: decided, but nothing to switch
+    assert unread["record"]["decision"]["switch"] is True and unread["switch_conf"] is None
+    assert "no live job run reads" in unread["record"]["switch_request"]["reason"]
+    assert store.last_switch().strategy_to == "hash"  # a switch not requested is not history
+    from keyshift.runs import RunRecorder
+
+    run_id = f"test-monitor-{uuid.uuid4().hex[:8]}"
+    RunRecorder(settings, run_id).start(strategy="hash", partitions=4, topic=topic)  # a live run on the topic
+    try:
+        _send(stack_settings, topic, skewed)
+        allowed = evaluate_topic(settings, params)
+        assert allowed["switch_conf"]["strategy"] == "least_count" and allowed["switch_conf"]["expected_gain_s"] > 0
+        assert allowed["switch_conf"]["run_id"] == run_id
+        assert store.last_switch().strategy_to == "least_count"  # the requested switch is the new history
+    finally:
+        client.delete(names.redis_run_key(run_id))
 
 
 def test_cli_show_reads_redis_then_falls_back_to_parquet(stack_settings, topic, tmp_path, monkeypatch):

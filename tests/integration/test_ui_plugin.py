@@ -17,7 +17,12 @@ of monitor evaluations scored by `evaluate_sample`; `SwitchControl` steps of a s
   Playwright, which downloads no browser), opens the keyshift entry of the UI's navigation,
   follows the topic and the run inside the UI's frame, checks what the run page shows (placement
   and epoch in force, charts, the switch, the quality result) and that its Data Docs link is served
-  behind the same login, and saves screenshots under the test's output folder.
+  behind the same login, and saves screenshots under the test's output folder;
+* with two more runs (`troubled`): one that lost events to the late output and to dead letters and
+  whose Great Expectations suite failed (a real validation of a windows table with slots out of
+  range), and one recorded as `keyshift run demo` records its passing suite (in its summary):
+  the overview marks the first and shows the figures of both and the demo's quality as passed,
+  and the first's run page says what went wrong.
 
 The Redis keys it wrote are deleted at the end.
 """
@@ -184,6 +189,42 @@ def recorded(ui_settings):
                       control.lock_key)
 
 
+LATE, DEAD = 1_183_168, 528_768
+"""The late events and dead letters of the troubled run: the flights backfill of issue 37's report."""
+
+
+@pytest.fixture(scope="module")
+def troubled(ui_settings):
+    """A finished run with late events, dead letters and a failed windows suite, and a demo run whose suite passed: their ids."""
+    from keyshift import names
+    from keyshift.quality.checkpoints import validate_frames
+    from keyshift.quality.windows import validate_windows
+    from keyshift.runs import RunRecorder, redis_client
+
+    tag = uuid.uuid4().hex[:8]
+    bad, demo = f"ui-test-late-{tag}", f"ui-test-demo-{tag}"
+    client = redis_client(ui_settings)
+    try:
+        recorder = RunRecorder(ui_settings, bad)
+        recorder.start(topic=f"ui-test-{tag}", strategy="hash", partitions=P, epoch=0, segment=0)
+        recorder.finish({"run_id": bad, "topic": f"ui-test-{tag}", "strategy": "hash", "partitions": P, "events_read": 3_000_000,
+                         "late_events": LATE, "dead_letters": DEAD + 2, "pending_events": 0, "windows_emitted": 3,
+                         "dead_letters_by_reason": {"too far behind the stream": DEAD, "unparseable JSON": 2}, "reconciled": True})
+        windows = _windows_frame(bad).assign(slot=[1, 7, 9])  # slots outside [0, P): the suite must fail
+        report = validate_frames(recorder.run_dir, bad, windows=windows, summary=None, alerts=None, partitions=P)
+        assert not report.success, "the windows suite passed a table with slots outside [0, P)"
+
+        recorder = RunRecorder(ui_settings, demo)
+        recorder.start(topic=f"ui-test-{tag}", strategy="hash", partitions=P, epoch=0, segment=0)
+        quality = validate_windows(_windows_frame(demo), P, run_dir=recorder.run_dir, run_id=demo)  # as `keyshift run demo` does
+        assert quality["success"], quality
+        recorder.finish({"run_id": demo, "topic": f"ui-test-{tag}", "strategy": "hash", "partitions": P, "events_read": 8,
+                         "late_events": 0, "dead_letters": 0, "pending_events": 0, "windows_emitted": 3, "quality": quality})
+        yield {"bad": bad, "demo": demo}
+    finally:
+        client.delete(*(k for r in (bad, demo) for k in (names.redis_run_key(r), names.redis_progress_key(r))))
+
+
 def test_the_page_needs_the_airflow_login(api_server, ui_settings, recorded):
     import jwt
 
@@ -217,7 +258,7 @@ def _browser():
     return sync_playwright
 
 
-def test_the_page_in_a_real_browser(api_server, ui_settings, recorded, tmp_path):
+def test_the_page_in_a_real_browser(api_server, ui_settings, recorded, troubled, tmp_path):
     sync_playwright = _browser()
     run_id, topic = recorded["run_id"], recorded["topic"]
     with sync_playwright() as playwright:
@@ -240,6 +281,17 @@ def test_the_page_in_a_real_browser(api_server, ui_settings, recorded, tmp_path)
             page.wait_for_url("**/plugin/keyshift")
             frame = page.frame_locator("iframe[title=keyshift]")
             assert frame.locator("h1").first.inner_text() == "keyshift"
+            # the overview: per run its figures, a mark on the one that lost events and failed its suite
+            row = frame.locator("tr", has_text=troubled["bad"]).inner_text()
+            assert f"{LATE:,}" in row and f"{DEAD + 2:,}" in row and f"too far behind the stream: {DEAD:,}" in row, row
+            assert f"⚠ {LATE:,} late events; {DEAD + 2:,} dead letters; quality failed" in row, row
+            assert frame.locator("tr.attention", has_text=troubled["bad"]).count() == 1
+            demo_row = frame.locator("tr", has_text=troubled["demo"])
+            assert "passed" in demo_row.inner_text() and "ok" in demo_row.inner_text()  # the demo's suite, not "–"
+            assert demo_row.get_attribute("class") == "fine"
+            own = frame.locator("tr", has_text=recorded["run_id"]).inner_text()
+            assert f"{recorded['events']:,}" in own and "1 (pause 9.87 s)" in own, own  # its switch with the pause it achieved
+            page.screenshot(path=str(tmp_path / "keyshift-overview.png"))
             frame.locator("a", has_text=topic).first.click()
             frame.locator("h1", has_text=f"topic {topic}").wait_for()
             topic_text = frame.locator("body").inner_text()
@@ -269,8 +321,15 @@ def test_the_page_in_a_real_browser(api_server, ui_settings, recorded, tmp_path)
 
             page.goto(f"{api_server}/keyshift/runs/{run_id}")
             page.screenshot(path=str(tmp_path / "keyshift-run.png"), full_page=True)
+
+            # the troubled run's page says what went wrong, with the failed expectations
+            page.goto(f"{api_server}/keyshift/runs/{troubled['bad']}")
+            assert page.locator("p.alert").inner_text() == f"⚠ {LATE:,} late events; {DEAD + 2:,} dead letters; quality failed"
+            text = page.locator("body").inner_text()
+            assert "flight_delay_windows" in text and "failed" in text and "slot" in text
+            page.screenshot(path=str(tmp_path / "keyshift-run-troubled.png"), full_page=True)
         finally:
             browser.close()
-    for name in ("keyshift-run-in-airflow.png", "keyshift-run.png"):
+    for name in ("keyshift-overview.png", "keyshift-run-in-airflow.png", "keyshift-run.png", "keyshift-run-troubled.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     print(f"screenshots in {tmp_path}")

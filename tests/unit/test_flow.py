@@ -279,10 +279,11 @@ def test_balance_show_prints_the_rescale_line() -> None:
 
 
 class _NoRunRecords:
-    """A Redis without run records (evaluate_topic reads the one of its job run for what is in force)."""
+    """A Redis whose run records hold only a state: every run is running (evaluate_topic reads the
+    record of its job run for what is in force, which the params then say, and switches live runs only)."""
 
     def hgetall(self, key: str) -> dict:
-        return {}
+        return {"state": "running"}
 
 
 class _Store:

@@ -42,7 +42,9 @@ def client(tmp_path):
                 "timestamp_ms": 1_000 * b} for b in range(3)]
     (run_dir / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run_dir / "summary.json").write_text(json.dumps({"run_id": RUN, "topic": "unit-topic", "strategy": "hash", "partitions": 2,
-                                                      "events_read": 75, "balance_degree": 0.25}))
+                                                      "events_read": 75, "balance_degree": 0.25, "late_events": 7, "dead_letters": 2,
+                                                      "dead_letters_by_reason": {"bad json": 2}, "pending_events": 0,
+                                                      "windows_emitted": 4}))
     (run_dir / "quality.json").write_text(json.dumps({"success": True, "suites": [{"suite": "flight_delay_windows", "success": True,
                                                                                       "rows": 3, "evaluated": 20, "failed": []}]}))
     settings = Settings(runs_dir=tmp_path / "runs", redis_port=1)  # no Redis: the page says so and reads the folder
@@ -76,6 +78,8 @@ def test_pages_render_from_the_run_folder_without_redis(client):
     client.cookies.set("_token", "good")
     overview = client.get("/")
     assert overview.status_code == 200 and RUN in overview.text and "not reachable" in overview.text
+    assert '<tr class="attention">' in overview.text and "⚠ 7 late events; 2 dead letters" in overview.text
+    assert "2 <span class=\"muted\">(bad json: 2)</span>" in overview.text  # the dead letters with their reasons
     run = client.get(f"/runs/{RUN}")
     assert run.status_code == 200
     assert "hash, P = 2, epoch 0" in run.text and "<svg" in run.text and "passed" in run.text

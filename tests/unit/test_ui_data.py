@@ -175,3 +175,62 @@ def test_charts_are_inline_svg_with_text_labels_and_empty_without_data():
     assert "records behind" in plots.lag_svg(data.lag_series(records))
     assert "stateful" in plots.task_seconds_svg({"stateful": [(0, (1.0, 2.0))]})
     assert plots.slot_load_svg([]) == plots.lag_svg([]) == plots.task_seconds_svg({}) == plots.strategy_balance_svg({}) == ""
+
+
+def test_quality_from_the_demo_summary_and_a_pipeline_check_that_raised(tmp_path):
+    import os
+
+    demo = {"run_id": "r", "quality": {"success": True, "evaluated": 20, "rows": 3, "failed": [], "data_docs": None}}
+    (tmp_path / "summary.json").write_text(json.dumps(demo))  # `keyshift run demo` writes its suite's result here
+    result = data.quality_result(tmp_path)
+    assert result.success and result.source == "summary.json" and result.suites[0].suite == data.DEMO_SUITE
+    assert (result.suites[0].rows, result.suites[0].evaluated, result.suites[0].failed) == (3, 20, 0)
+
+    # the pipeline's data_quality task, later, failed before any suite result: it wins, and says why
+    (tmp_path / "pipeline.json").write_text(json.dumps({"quality": {"success": False, "error": "alerts topic unreadable"}}))
+    stamp = (tmp_path / "summary.json").stat().st_mtime + 5
+    os.utime(tmp_path / "pipeline.json", (stamp, stamp))
+    result = data.quality_result(tmp_path)
+    assert result.success is False and result.source == "pipeline.json" and result.failures == ("alerts topic unreadable",)
+
+    failed = {"success": False, "evaluated": 20, "rows": 3, "failed": [{"type": "expect_x", "kwargs": {}, "line": "slot out of range"}]}
+    (tmp_path / "summary.json").write_text(json.dumps({"quality": failed}))
+    os.utime(tmp_path / "summary.json", (stamp + 5, stamp + 5))
+    result = data.quality_result(tmp_path)
+    assert result.success is False and result.suites[0].failed == 1 and result.failures == ("slot out of range",)
+
+
+@pytest.mark.parametrize(
+    "summary, latest, expected",
+    [
+        # the run ended: the summary's figures, the top reasons most first (ties by name), at most three
+        ({"events_read": 3_000_000, "late_events": 1_183_168, "dead_letters": 528_770, "pending_events": 0, "windows_emitted": 9,
+          "dead_letters_by_reason": {"too far behind the stream": 528_768, "bad json": 1, "no key": 1, "null time": 0}},
+         None, (3_000_000, 1_183_168, 528_770, (("too far behind the stream", 528_768), ("bad json", 1), ("no key", 1)), 0, 9, "summary")),
+        # still running: the last batch's counters; pending = read - accounted; no windows or reasons yet
+        (None, {"events_read": 500, "events_accounted": 420, "late_events": 3, "dead_letters": 0},
+         (500, 3, 0, (), 80, None, "progress")),
+        (None, {"events_read": 500}, (500, None, None, (), None, None, "progress")),  # an older progress record
+        (None, None, (None, None, None, (), None, None, "nothing recorded")),
+    ],
+)
+def test_run_figures(summary, latest, expected):
+    figures = data.run_figures(summary, latest)
+    assert (figures.events_read, figures.late_events, figures.dead_letters, figures.dead_letter_reasons, figures.pending,
+            figures.windows, figures.source) == expected
+
+
+@pytest.mark.parametrize(
+    "late, dead, success, marks",
+    [
+        (0, 0, True, ()),  # nothing to see
+        (0, 0, None, ()),  # no quality result yet is not a failure
+        (1_183_168, 528_768, True, ("1,183,168 late events", "528,768 dead letters")),
+        (0, 0, False, ("quality failed",)),
+        (None, None, False, ("quality failed",)),  # figures unknown
+    ],
+)
+def test_attention_marks_late_dead_letters_and_failed_quality(late, dead, success, marks):
+    figures = data.RunFigures(10, late, dead, (), 0, 1, "summary")
+    quality = None if success is None else data.QualityResult(success, (), None, "quality.json")
+    assert data.attention(figures, quality) == marks
