@@ -462,7 +462,9 @@ def _watch(
             last_activity = state["last_batch_at"]
             consumed = state["consumed"] or consumed
             if switching is not None:
-                finish_switch(switching)
+                # the pause ends at the first commit itself, not when this loop noticed it (as it starts at the cut's)
+                first = committed_batches(checkpoint, config.input.topic)[0]
+                finish_switch(switching, CheckpointFiles(checkpoint).modified_s(f"commits/{first[0]}") if first else None)
                 switching = None
         if input_end.bounded and input_end.offsets is None and input_end.poll(force=False):
             save_end()
