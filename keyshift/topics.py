@@ -315,6 +315,40 @@ def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     return {tp.partition: offset for tp, offset in sorted(offsets.items())}
 
 
+def read_committed(settings: Settings, topic: str, timeout_s: float = 60.0) -> list:
+    """Every committed record of `topic`, from its beginning to its end offsets at the call.
+
+    Reads with `read_committed` (a transactional writer's aborted records are skipped, and its
+    commit markers take offsets of their own, so a partition can hold fewer records than its end
+    offset) and stops when every partition's position reaches its end offset, not after a pause
+    between records: a busy broker or machine can stall a fetch for seconds.
+
+    Returns:
+        kafka-python `ConsumerRecord`s (partition, offset, key, value as bytes ...), partition by
+        partition in the order the consumer hands them.
+
+    Raises:
+        ConfigurationError: the topic does not exist. StackError: the broker is unreachable, or
+        the topic was not read to its end offsets within `timeout_s`.
+    """
+    ends = end_offsets(settings, topic)
+    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, group_id=None,
+                             isolation_level="read_committed", **client_options(settings))
+    try:
+        partitions = [TopicPartition(topic, p) for p in ends]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records, deadline = [], time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp.partition] for tp in partitions):
+            if time.monotonic() > deadline:
+                raise StackError(f"could not read {topic!r} to its end offsets {ends} in {timeout_s:.0f} s")
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+        return records
+    finally:
+        consumer.close()
+
+
 def count_end_of_input_markers(settings: Settings, topic: str, ranges: dict[int, tuple[int, int]]) -> dict[int, int]:
     """Count the end-of-input markers (`END_OF_INPUT_PREFIX`) in offset ranges of `topic`.
 

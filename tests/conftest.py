@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 
 import pytest
 
@@ -72,28 +71,11 @@ def read_topic(settings):
     the end offsets at the call, partition by partition in the order the consumer hands them. It
     reads with `read_committed` and stops when every partition's position reaches its end offset,
     since the job's side outputs are transactional: commit markers take offsets of their own, so
-    a topic holds fewer records than its end offsets add up to.
+    a topic holds fewer records than its end offsets add up to (`keyshift.topics.read_committed`).
     """
-    from kafka import KafkaConsumer, TopicPartition
-
-    from keyshift.kafka_clients import client_options
-    from keyshift.topics import end_offsets
+    from keyshift.topics import read_committed
 
     def read(topic: str) -> list:
-        ends = end_offsets(settings, topic)
-        consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, group_id=None,
-                                 isolation_level="read_committed", **client_options(settings))
-        try:
-            partitions = [TopicPartition(topic, p) for p in ends]
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
-            records, deadline = [], time.monotonic() + 30
-            while any(consumer.position(tp) < ends[tp.partition] for tp in partitions):
-                assert time.monotonic() < deadline, f"could not read {topic} to its end offsets {ends} in 30 s"
-                for batch in consumer.poll(timeout_ms=500).values():
-                    records.extend(batch)
-            return records
-        finally:
-            consumer.close()
+        return read_committed(settings, topic)
 
     return read

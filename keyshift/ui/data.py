@@ -425,10 +425,11 @@ class RunFigures:
         late_events: events behind their watermark, sent to the late output.
         dead_letters: records that could not be parsed or validated, sent to the dead-letter topic.
         dead_letter_reasons: the most frequent dead-letter reasons with their counts, most first
-            (from the summary; empty while the run goes on: its progress records carry no reasons).
+            (from the summary; while the run goes on, from its ledger).
         pending: events still in open windows (the summary's `pending_events`; while the run goes
             on, read minus accounted events of its last batch).
-        windows: windows emitted (the summary's `windows_emitted`; None while the run goes on).
+        windows: windows emitted (the summary's `windows_emitted`; while the run goes on, its
+            ledger's sum; None without one).
         source: `summary` (the run ended), `progress` (its last batch) or `nothing recorded`.
     """
 
@@ -445,22 +446,49 @@ TOP_REASONS = 3
 """Dead-letter reasons shown per run."""
 
 
-def run_figures(summary: Mapping[str, Any] | None, latest: Mapping[str, Any] | None) -> RunFigures:
-    """A run's figures from its summary (once it ended), else its last progress record.
+def ledger_totals(run_dir: Path) -> tuple[int, dict[str, int]] | None:
+    """(windows emitted, dead letters by reason) over a run's recorded batches: the sink's ledger
+    (`runs/<run_id>/batches/`, one JSON file per batch, rewritten when Spark replays the batch),
+    read without writing; None when it holds no batch."""
+    folder = RunDir(Path(run_dir)).ledger
+    if not folder.is_dir():
+        return None
+    windows, reasons, seen = 0, {}, False
+    for path in sorted(folder.glob("*.json")):
+        record = read_json(path)
+        if not isinstance(record, dict):
+            continue
+        seen = True
+        windows += as_int(record.get("windows_emitted")) or 0
+        for reason, n in (record.get("dead_letters_by_reason") or {}).items():
+            reasons[str(reason)] = reasons.get(str(reason), 0) + (as_int(n) or 0)
+    return (windows, reasons) if seen else None
+
+
+def _top_reasons(reasons: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(((str(k), as_int(v) or 0) for k, v in reasons.items()), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS])
+
+
+def run_figures(summary: Mapping[str, Any] | None, latest: Mapping[str, Any] | None,
+                ledger: tuple[int, Mapping[str, int]] | None = None) -> RunFigures:
+    """A run's figures from its summary (once it ended), else its last progress record and its
+    ledger.
 
     Args:
         summary: `summary.json`, or None. latest: the last progress record (`RunRecorder.progress`:
             `events_read`, `events_accounted`, `late_events`, `dead_letters`), or None.
+        ledger: while the run goes on, `ledger_totals` of its folder (windows emitted, dead letters
+            by reason so far), or None.
     """
     if summary:
-        reasons = summary.get("dead_letters_by_reason") or {}
-        top = sorted(((str(k), as_int(v) or 0) for k, v in reasons.items()), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
         return RunFigures(as_int(summary.get("events_read")), as_int(summary.get("late_events")), as_int(summary.get("dead_letters")),
-                          tuple(top), as_int(summary.get("pending_events")), as_int(summary.get("windows_emitted")), "summary")
+                          _top_reasons(summary.get("dead_letters_by_reason") or {}), as_int(summary.get("pending_events")),
+                          as_int(summary.get("windows_emitted")), "summary")
     if latest:
         read, accounted = as_int(latest.get("events_read")), as_int(latest.get("events_accounted"))
-        return RunFigures(read, as_int(latest.get("late_events")), as_int(latest.get("dead_letters")), (),
-                          None if read is None or accounted is None else read - accounted, None, "progress")
+        return RunFigures(read, as_int(latest.get("late_events")), as_int(latest.get("dead_letters")),
+                          _top_reasons(ledger[1]) if ledger else (),
+                          None if read is None or accounted is None else read - accounted, ledger[0] if ledger else None, "progress")
     return RunFigures(None, None, None, (), None, None, "nothing recorded")
 
 

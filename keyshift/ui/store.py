@@ -219,7 +219,8 @@ class Reader:
         started = data.as_float(record.get("started_at"))
         if started is None and run_dir.is_dir():
             started = run_dir.stat().st_mtime
-        figures = data.run_figures(summary, None if summary else self._latest_progress(run_id))
+        figures = data.run_figures(summary, None if summary else self._latest_progress(run_id),
+                                   None if summary else data.ledger_totals(run_dir))
         quality = data.quality_result(run_dir)
         topic = record.get("topic") or (summary or {}).get("topic") or data.recorded_config(job).get("topic") or ""
         state = record.get("state") or ("succeeded" if summary else "")
@@ -372,5 +373,6 @@ class Reader:
             task_seconds=data.task_seconds(data.read_json(RunDir(run_dir).task_seconds)),
             switches=tuple(self.switches(run_id)), quality=data.quality_result(run_dir),
             topic=self.topic(topic) if topic else None, redis_error=self.redis_error,
-            figures=data.run_figures(summary, None if summary else self._latest_progress(run_id)),
+            figures=data.run_figures(summary, None if summary else self._latest_progress(run_id),
+                                     None if summary else data.ledger_totals(run_dir)),
         )

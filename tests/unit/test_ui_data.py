@@ -207,7 +207,7 @@ def test_quality_from_the_demo_summary_and_a_pipeline_check_that_raised(tmp_path
         ({"events_read": 3_000_000, "late_events": 1_183_168, "dead_letters": 528_770, "pending_events": 0, "windows_emitted": 9,
           "dead_letters_by_reason": {"too far behind the stream": 528_768, "bad json": 1, "no key": 1, "null time": 0}},
          None, (3_000_000, 1_183_168, 528_770, (("too far behind the stream", 528_768), ("bad json", 1), ("no key", 1)), 0, 9, "summary")),
-        # still running: the last batch's counters; pending = read - accounted; no windows or reasons yet
+        # still running, no ledger given: the last batch's counters; pending = read - accounted
         (None, {"events_read": 500, "events_accounted": 420, "late_events": 3, "dead_letters": 0},
          (500, 3, 0, (), 80, None, "progress")),
         (None, {"events_read": 500}, (500, None, None, (), None, None, "progress")),  # an older progress record
@@ -218,6 +218,22 @@ def test_run_figures(summary, latest, expected):
     figures = data.run_figures(summary, latest)
     assert (figures.events_read, figures.late_events, figures.dead_letters, figures.dead_letter_reasons, figures.pending,
             figures.windows, figures.source) == expected
+
+
+def test_a_running_run_shows_its_ledgers_windows_and_dead_letter_reasons(tmp_path):
+    """While a run goes on, windows and dead-letter reasons come from its ledger (one file per
+    batch, as the sink writes it); the folder is only read."""
+    from keyshift.processing.outputs.ledger import BatchCounts, RunLedger
+
+    assert data.ledger_totals(tmp_path) is None and not (tmp_path / "batches").exists()
+    ledger = RunLedger(tmp_path)
+    ledger.record(BatchCounts(batch_id=0, windows_emitted=5, dead_letters=2, dead_letters_by_reason={"bad json": 2}))
+    ledger.record(BatchCounts(batch_id=1, windows_emitted=7, dead_letters=3, dead_letters_by_reason={"bad json": 1, "no key": 2}))
+    ledger.record(BatchCounts(batch_id=1, windows_emitted=7, dead_letters=3, dead_letters_by_reason={"bad json": 1, "no key": 2}))  # replayed
+    totals = data.ledger_totals(tmp_path)
+    assert totals == (12, {"bad json": 3, "no key": 2})
+    figures = data.run_figures(None, {"events_read": 500, "events_accounted": 420, "late_events": 0, "dead_letters": 5}, totals)
+    assert figures.windows == 12 and figures.dead_letter_reasons == (("bad json", 3), ("no key", 2)) and figures.pending == 80
 
 
 @pytest.mark.parametrize(
