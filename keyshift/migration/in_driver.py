@@ -57,9 +57,10 @@ def warm_state_reader(spark: SparkSession, checkpoint: Path | str, topic: str, v
 
     The first state read of a driver JVM loads and compiles Spark's state data source: on this
     project's 2-core machines the first switch's `migrated` step took 1.9 to 2.7 s against 0.5 to
-    1.3 s for the later ones. Called when a switch is requested, before the old query is asked to
-    stop, that cost falls while the old query still processes batches, not in the switch's pause
-    (stop request to the new query's first commit). The read is the one `read_state` makes at
+    1.3 s for the later ones. A switch reads the state only when no barrier batch handed it over
+    (`keyshift.processing.operators.handover`); called then, before the old query is asked to
+    stop, that cost falls while the old query still runs, not in the switch's pause (the stop
+    request to the new query's first commit). The read is the one `read_state` makes at
     the cut, at an earlier committed batch (Spark's state data source reads a committed version
     of the checkpoint; the running query writes later ones).
 
@@ -287,8 +288,8 @@ def verify_and_finish(
     or, for a learned strategy's key first seen after the cut, the slot the shared store gave it
     (`AssignmentStore.slot_of`); `conservation`
     (the job's own check, e.g. pending events before + processed - emitted = pending after) is
-    recorded beside it. The pause (stop request to first commit) becomes the topic's measured
-    migration cost for the cost_aware trigger.
+    recorded beside it. The pause (the barrier batch's commit, or the stop request without one,
+    to the first commit) becomes the topic's measured migration cost for the cost_aware trigger.
 
     Raises:
         JobError: a key's state is on a slot its assignment does not give it.

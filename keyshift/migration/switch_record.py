@@ -63,7 +63,8 @@ class SwitchRecord:
         keys_added_to_plan: keys with state but not in the plan's sample, placed by
             `complete_mapping`.
         verify: what the verify step found (`placement`, `conservation`).
-        pause_seconds: stop request to the new query's first commit, seconds.
+        pause_seconds: from the old query's last commit (its barrier batch's, or the stop request without one) to the new query's first commit, seconds
+            (both commits as Spark wrote them).
         error: why it failed or was rolled back. finished_at: epoch seconds of its end.
     """
 

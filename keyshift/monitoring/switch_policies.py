@@ -58,7 +58,7 @@ the scheduled monitor counts over its evaluation interval instead (`horizon_defa
 DEFAULT_COST_S = 10.0
 """Migration cost (seconds) assumed when no switch has been measured anywhere (`migration_cost`).
 
-Measured pauses (stop request to the new query's first commit, in the driver): 3.7-11.4 s,
+Measured pauses (then from the stop request to the new query's first commit, in the driver): 3.7-11.4 s,
 median 4.4 s, in the switch bench of 2026-11-25 (`docs/bench/switch.json`); 12.3-14.3 s in the
 switch integration test on a quiet machine and 16.0-39.6 s (median 29.6 s) in the switch bench
 on a loaded one (README, Benchmarks, `keyshift bench switch`); 8-20 s reported in issue 33.
@@ -87,8 +87,8 @@ class MeasuredSwitch:
     """One switch whose pause was measured (`keyshift.migration.switch` records, `pause_seconds`).
 
     Attributes:
-        pause_s: the pause, seconds: stop request to the new query's first commit (includes the
-            state's migration); the switch's cost as the cost_aware trigger counts it.
+        pause_s: the pause, seconds: from the old query's last commit (its barrier batch's, or the
+            stop request without one) to the new query's first commit (includes the state's migration); the switch's cost as the cost_aware trigger counts it.
         switch_id: the switch's id (`sw-<time>-<hex>`), None when unknown.
         topic: the input topic of the switched run, None when unknown.
         finished_at_s: when it finished, epoch seconds; None when unknown (counts as the oldest).

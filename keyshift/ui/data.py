@@ -231,7 +231,7 @@ class SwitchRow:
         epoch_from, epoch_to: assignment epochs before and after.
         reason: why (the monitor's decision or a person's words).
         state: `running`, `done`, `failed` or `rolled_back`; step: the last step completed.
-        pause_s: stop request to the new query's first commit, seconds (None until verified).
+        pause_s: from the old query's last commit (its barrier batch's, or the stop request without one) to the new query's first commit, seconds (None until verified).
         keys_moved, keys_total: keys whose state changed slot, of all keys with state.
         state_bytes_moved, state_bytes: bytes of state that moved, of all state bytes.
         placement_ok: every key's state on its assigned slot after the switch (None until checked).
