@@ -55,6 +55,7 @@ class TaskTimeRecorder(threading.Thread):
         self._query: tuple[str, int, int, int | None, int | None] | None = None
         self._finished: list[tuple[str, int, int, int | None, int | None]] = []  # queries left, read once more
         self._lock = threading.Lock()  # one refresh at a time
+        self._queries_lock = threading.Lock()  # `_query` and `_finished`: `follow` never waits for a refresh
         self._read: dict[str, set[int]] = {}
         self.times: dict[str, dict[str, list[float]]] = {"source": {}, "stateful": {}}
         if self._path.exists():
@@ -70,7 +71,7 @@ class TaskTimeRecorder(threading.Thread):
         None: P). The query followed until now has its last stages read by the next refresh,
         not here: a switch calls this as its new query starts, and reading Spark's REST API
         (0.5 s or more) then competed with the new query's first batch, inside the switch's pause."""
-        with self._lock:
+        with self._queries_lock:
             if self._query is not None:
                 self._finished.append(self._query)
             self._query = (query_name, batch_base, partitions, stateful_partitions, source_tasks)
@@ -81,14 +82,14 @@ class TaskTimeRecorder(threading.Thread):
         if not self._ui:
             return
         with self._lock:
-            queries, self._finished = [*self._finished, *([self._query] if self._query else [])], []
+            with self._queries_lock:
+                current = self._query
+                queries, self._finished = [*self._finished, *([current] if current else [])], []
             if not queries:
                 return
-            unread = []
-            for query in queries:
-                if not self._read_query(*query) and query is not self._query:
-                    unread.append(query)  # Spark's REST API failed: read it at the next refresh
-            self._finished = unread + self._finished
+            unread = [q for q in queries if not self._read_query(*q) and q is not current]  # REST failed: next refresh
+            with self._queries_lock:
+                self._finished = unread + self._finished
             partial = self._path.with_suffix(".tmp")
             partial.write_text(json.dumps(self.times, indent=1))
             partial.replace(self._path)
