@@ -88,11 +88,11 @@ def placement_goals(report: Mapping[str, Any]) -> list[Goal]:
 
 def switch_goals(report: Mapping[str, Any]) -> list[Goal]:
     """Goals of a switch report: each entry of `goals` ("median_pause_in_driver_s" reads
-    "median pause in driver (s) <= 3.0"), then identical outputs and no late event from the switches."""
+    "median pause in driver (s) <= 3.0"; an entry with `at_least` reads ">="), then identical outputs and no late event from the switches."""
     goals = []
     for name, entry in report.get("goals", {}).items():
         text = name.removesuffix("_s").replace("_", " ") + (" (s)" if name.endswith("_s") else "")
-        goals.append(Goal("switch", f"{text} <= {entry['goal']}", entry["goal"], entry["value"], entry["met"]))
+        goals.append(Goal("switch", f"{text} {'>=' if entry.get('at_least') else '<='} {entry['goal']}", entry["goal"], entry["value"], entry["met"]))
     if "outputs_identical" in report:
         identical = report["outputs_identical"]
         goals.append(Goal("switch", "windows identical to the oracle run without switches", True, identical, identical is True))

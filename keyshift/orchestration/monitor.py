@@ -522,7 +522,7 @@ def _rescale(
     from collections import deque
 
     from keyshift.monitoring.flow import MAX_BATCHES, recommend_parallelism
-    from keyshift.stack.spark import local_master_cores
+    from keyshift.stack.spark_cluster import master_cores
 
     progress: list[dict[str, Any]] = []
     path = RunDir.of(settings.runs_dir, run_id or "-").progress
@@ -547,7 +547,7 @@ def _rescale(
         task_seconds = json.loads(timed.read_text(encoding="utf-8")) if timed.is_file() else None
     except ValueError:  # being written at the run's end
         task_seconds = None
-    cores = local_master_cores(settings.spark_master) or os.cpu_count() or 1
+    cores = master_cores(settings) or os.cpu_count() or 1
     found = recommend_parallelism(progress, points[-kept:], cursor.get("flow_state"), cores=cores, slots_per_core=slots_per_core,
                                   task_seconds=task_seconds)
     update["flow_state"] = found.state

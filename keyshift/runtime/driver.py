@@ -174,7 +174,7 @@ def run_job(
             if config.placement.strategy in LEARNED_STRATEGIES:
                 config = _with_learned_assignment(settings, config)
             if config.placement.max_stateful_partitions is None:
-                config = _with_default_stateful_partitions(config, spark, settings.spark_master)
+                config = _with_default_stateful_partitions(config, spark, settings)
             save_job_record(run_dir, config, start, replay)
         input_end = InputEnd(settings, config.input.topic, config.input.limit, start, config.input.end_offsets if config.input.limit else None,
                              wait_timeout_s)
@@ -515,15 +515,18 @@ def _watch(
         time.sleep(0.1)
 
 
-def _with_default_stateful_partitions(config: JobConfig, spark: SparkSession | None, master: str) -> JobConfig:
+def _with_default_stateful_partitions(config: JobConfig, spark: SparkSession | None, settings: Settings) -> JobConfig:
     """`config` with `max_stateful_partitions` = `default_max_stateful_partitions` of the engine's
-    cores: the session's default parallelism when it runs already, else a local master's
-    (`local_master_cores`). On a cluster master not started yet the cap stays None (S = P)."""
+    cores: the session's default parallelism when it runs already, else the master's
+    (`keyshift.stack.spark_cluster.master_cores`: a local master's, a standalone master's alive
+    workers'). When neither is known the cap stays None (S = P), and the log says so."""
     from keyshift.placement.tokens import default_max_stateful_partitions
-    from keyshift.stack.spark import local_master_cores
+    from keyshift.stack.spark_cluster import master_cores
 
-    cores = spark.sparkContext.defaultParallelism if spark is not None else local_master_cores(master)
+    cores = spark.sparkContext.defaultParallelism if spark is not None else master_cores(settings)
     if cores is None:
+        log.warning("run %s: the cores of %s are not known: %d stateful partitions, one per slot (the job option"
+                    " max_stateful_partitions sets fewer)", config.run_id, settings.spark_master, config.placement.partitions)
         return config
     config = config.with_placement(max_stateful_partitions=default_max_stateful_partitions(cores))
     log.info("run %s: %d slots on %d stateful partitions (at most %d: %d per core of %d)", config.run_id, config.placement.partitions,

@@ -114,6 +114,38 @@ def master_state(settings: Settings, *, timeout_s: float = 2.0) -> dict:
         raise StackError(f"the Spark master's UI at {master_ui(settings)} does not answer ({exc})") from exc
 
 
+def master_cores(settings: Settings, master: str | None = None, *, timeout_s: float = 2.0) -> int | None:
+    """The task slots a job on `master` (default `settings.spark_master`) gets, before its
+    session starts: `local_master_cores` for a local master; for a standalone master
+    (`spark://host:port`), the cores of its alive workers from its web UI's `GET /json`
+    (`http://host:<spark_master_ui_port>/json`, Spark's "Spark Standalone Mode" monitoring),
+    as `SparkContext.defaultParallelism` counts them once the executors register (one executor
+    per worker, all its cores); None when the master is neither or its UI does not answer.
+
+    Spark's tuning guide asks for 2-3 tasks per core at most; keyshift's runs take one stateful
+    partition per core (`keyshift.placement.tokens.default_max_stateful_partitions`), on a
+    cluster as on `local[*]`.
+    """
+    from urllib.parse import urlsplit
+
+    from keyshift.stack.spark import local_master_cores
+
+    master = master or settings.spark_master
+    local = local_master_cores(master)
+    if local is not None or not master.startswith("spark://"):
+        return local
+    host = urlsplit(master).hostname or settings.spark_cluster_host
+    url = f"http://{host}:{settings.spark_master_ui_port}/json"
+    try:
+        response = requests.get(url, timeout=timeout_s)
+        response.raise_for_status()
+        cores = int(response.json().get("cores") or 0)
+    except (requests.RequestException, ValueError, TypeError, AttributeError) as exc:
+        log.warning("the Spark master's UI at %s does not say its cores (%s)", url, exc)
+        return None
+    return cores or None
+
+
 def is_healthy(settings: Settings) -> bool:
     """True when the master is ALIVE with at least `spark_workers` alive workers."""
     try:

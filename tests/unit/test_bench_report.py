@@ -89,10 +89,27 @@ def test_switch_goals_name_the_bound_and_add_identity_and_late_events():
     assert (pause.target, pause.measured, pause.met) == (3.0, 14.0, False)
     assert goals["median pause driver restart (s) <= 10.0"].met is None  # no switch restarted its driver
     assert goals["worst moved share over min <= 1.2"].met is True
+    assert (goals["worst pause over median <= 2.0"].measured, goals["worst pause over median <= 2.0"].met) == (round(16 / 14, 3), True)
+    assert goals["lowest throughput after over before >= 0.9"].met is None  # no throughput in these switches
     assert goals["windows identical to the oracle run without switches"].met is True
     assert goals["no late event from the switches"].met is True
     differing = {g.goal: g for g in report.switch_goals(switch_report(identical=False))}
     assert differing["windows identical to the oracle run without switches"].met is False
+
+
+def test_switch_goals_on_a_cluster_and_the_throughput_ratio():
+    switches = [{"pause_seconds": pause, "in_driver": True, "step_seconds": {}, "pause_unmeasured_seconds": 0.0, "moved_share_over_min": 1.0,
+                 "throughput_before": {"wall_events_per_s": 3000.0}, "throughput_after": {"wall_events_per_s": after}}
+                for pause, after in ((4.0, 3300.0), (4.5, 2600.0), (9.5, 3000.0))]
+    local, cluster = switch.summarize(switches)["goals"], switch.summarize(switches, cluster=True)["goals"]
+    assert (local["median_pause_in_driver_s"]["goal"], local["median_pause_in_driver_s"]["met"]) == (3.0, False)
+    assert (cluster["median_pause_in_driver_s"]["goal"], cluster["median_pause_in_driver_s"]["met"]) == (5.0, True)
+    assert (cluster["worst_pause_over_median"]["value"], cluster["worst_pause_over_median"]["met"]) == (round(9.5 / 4.5, 3), False)
+    lowest = cluster["lowest_throughput_after_over_before"]
+    assert (lowest["value"], lowest["met"]) == (round(2600 / 3000, 3), False)
+    goals = {g.goal: g for g in report.switch_goals({"goals": cluster})}
+    assert goals["lowest throughput after over before >= 0.9"].measured == round(2600 / 3000, 3)
+    assert goals["median pause in driver (s) <= 5.0"].met is True
 
 
 def test_throughput_goals_are_its_goals():

@@ -110,3 +110,39 @@ def test_the_driver_jvm_starts_with_the_worker_spark_home_and_the_environment_ge
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark-4.2.0-bin-hadoop3"))  # a distribution of the user's: kept
     with session._worker_spark_home():
         assert os.environ["SPARK_HOME"] == str(tmp_path / "spark-4.2.0-bin-hadoop3")
+
+
+def test_master_cores_reads_a_standalone_masters_ui(caplog):
+    """A standalone master's cores come from its UI's `GET /json` (served here by a stand-in on
+    loopback); a master whose UI does not answer has no known cores, and the log says why."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from keyshift.settings import Settings
+    from keyshift.stack.spark_cluster import master_cores
+
+    class MasterUI(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"status": "ALIVE", "aliveworkers": 3, "cores": 6, "coresused": 0}).encode()
+            self.send_response(200 if self.path == "/json" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), MasterUI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = Settings(spark_master="spark://127.0.0.1:7077", spark_master_ui_port=server.server_address[1])
+        assert master_cores(settings) == 6
+        assert master_cores(settings, "local[3]") == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+    with caplog.at_level("WARNING", logger="keyshift.stack.spark_cluster"):
+        assert master_cores(settings, timeout_s=0.5) is None
+    assert "does not say its cores" in caplog.text
+    assert master_cores(settings, "yarn") is None
