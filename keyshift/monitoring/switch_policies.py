@@ -35,8 +35,8 @@ value returned with where it came from, which cost_aware names in every reason):
 * horizon (`horizon_default`): `horizon_s` when set, else the monitor's evaluation interval (the
   `keyshift_balance_monitor` schedule, 600 s): a decision stands until the next evaluation, so
   the gain it can bring is counted over that period;
-* cost (`migration_cost`): the topic's last measured switch (its pause: stop request to the new
-  query's first commit, which includes moving the state); else `cost_s` when set; else the median
+* cost (`migration_cost`): the topic's last measured switch (its pause: the old query's last
+  commit to the new query's first commit, which includes moving the state); else `cost_s` when set; else the median
   pause of the `RECENT_SWITCHES` newest measured switches of any run and topic; else
   `DEFAULT_COST_S`.
 """

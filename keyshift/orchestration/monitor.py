@@ -214,8 +214,8 @@ def measured_switches(client: Any, per_run: int | None = None) -> list[MeasuredS
     Reads the newest `per_run` records (default `switch_policies.RECENT_SWITCHES`) of each
     `keyshift:switch:run:<run_id>:history` list (`keyshift.migration.switch.SwitchControl`
     pushes every finished switch there, newest first), so the overall newest `per_run` are among
-    them. A record counts when its `state` is `done` and its `pause_seconds` (stop request to the
-    new query's first commit, seconds) is a number >= 0; failed and rolled-back switches do not.
+    them. A record counts when its `state` is `done` and its `pause_seconds` (the old query's last
+    commit, its barrier batch's, to the new query's first commit, seconds) is a number >= 0; failed and rolled-back switches do not.
 
     Args:
         client: a Redis client with `decode_responses=True`.

@@ -31,6 +31,7 @@ from keyshift.eventtime.plausibility import TOO_FAR_AHEAD, TOO_FAR_BEHIND, TOO_F
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.processor import DUPLICATE_EVENT_ID
+from keyshift.topics import read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -75,16 +76,7 @@ COPIES = 6  # flights sent again with the same event id; one of them twice
 
 def _read_run_records(settings, topic: str, run_id: str) -> list[dict]:
     """Committed records of `topic` whose value names `run_id` (side outputs are transactional)."""
-    from kafka import KafkaConsumer
-
-    from keyshift.kafka_clients import client_options
-
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest", consumer_timeout_ms=5_000,
-        isolation_level="read_committed", **client_options(settings),
-    )
-    records = [json.loads(m.value) for m in consumer]
-    consumer.close()
+    records = [json.loads(m.value) for m in read_committed(settings, topic)]
     return [r for r in records if r.get("run_id") == run_id]
 
 

@@ -36,9 +36,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from keyshift.names import ALERTS_TOPIC, DEAD_LETTER_TOPIC, LATE_TOPIC
+from keyshift.topics import read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -96,14 +97,11 @@ def _side_outputs(settings, run_id: str) -> dict[str, Counter]:
     """Every record of the run in each side-output topic, as read_committed, run_id removed."""
     found = {}
     for topic in (ALERTS_TOPIC, LATE_TOPIC, DEAD_LETTER_TOPIC):
-        consumer = KafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
-                                 isolation_level="read_committed", enable_auto_commit=False, consumer_timeout_ms=5_000)
         records = Counter()
-        for message in consumer:
+        for message in read_committed(settings, topic):
             value = json.loads(message.value)
             if value.pop("run_id", None) == run_id:
                 records[json.dumps(value, sort_keys=True)] += 1
-        consumer.close()
         found[topic] = records
     return found
 

@@ -15,6 +15,7 @@ import pytest
 from kafka import KafkaProducer
 
 from tests.integration.flight_runs import KEYSHIFT, assert_equals_the_oracle, side_outputs, start, windows
+from keyshift.topics import read_committed
 
 FLIGHTS = 20_000
 PARTITIONS = 4
@@ -56,17 +57,13 @@ def round_robin_topic(stack_settings):
 
 def _last_event_time(settings, topic: str) -> int:
     """The largest event time in `topic` now (ms), read back from Kafka."""
-    from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=5_000)
     largest = 0
-    for message in consumer:
+    for message in read_committed(settings, topic):
         try:
             largest = max(largest, int(json.loads(message.value)["event_time"]))
         except (ValueError, KeyError, TypeError):
             continue
-    consumer.close()
     return largest
 
 

@@ -19,13 +19,14 @@ import uuid
 import numpy as np
 import pandas as pd
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.placement.strategies import strategy_by_name
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.processor import PENDING_STATE_NAME
+from keyshift.topics import read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +43,7 @@ MALFORMED = [
 
 
 def _read_run_records(settings, topic: str, run_id: str) -> list[dict]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest", consumer_timeout_ms=5_000,
-        isolation_level="read_committed",  # the job's side outputs are transactional
-    )
-    records = [json.loads(m.value) for m in consumer]
-    consumer.close()
+    records = [json.loads(m.value) for m in read_committed(settings, topic)]  # the job's side outputs are transactional
     return [r for r in records if r.get("run_id") == run_id]
 
 

@@ -23,6 +23,7 @@ from keyshift.names import LATE_TOPIC
 from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.job_config import JobConfig
 from keyshift.processing.operators.processor import PENDING_STATE_NAME
+from keyshift.topics import read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +35,7 @@ BATCH = 10_000
 def _late_ids(settings, run_id: str) -> set[int]:
     import json
 
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(LATE_TOPIC, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest", consumer_timeout_ms=5_000)
-    ids = {json.loads(m.value)["event_id"] for m in consumer if json.loads(m.value).get("run_id") == run_id}
-    consumer.close()
+    ids = {json.loads(m.value)["event_id"] for m in read_committed(settings, LATE_TOPIC) if json.loads(m.value).get("run_id") == run_id}
     return ids
 
 

@@ -24,11 +24,12 @@ import uuid
 import numpy as np
 import pandas as pd
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from keyshift.eventtime.key_windows import SlidingWindow, expand_updates
 from keyshift.names import DEAD_LETTER_TOPIC, LATE_TOPIC
 from keyshift.processing.job_config import JobConfig
+from keyshift.topics import read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +49,7 @@ MALFORMED = [
 
 
 def _run_records(settings, topic: str, run_id: str) -> list[dict]:
-    consumer = KafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest", consumer_timeout_ms=5_000,
-                             isolation_level="read_committed")
-    records = [json.loads(m.value) for m in consumer]
-    consumer.close()
+    records = [json.loads(m.value) for m in read_committed(settings, topic)]
     return [r for r in records if r.get("run_id") == run_id]
 
 

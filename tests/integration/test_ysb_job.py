@@ -23,7 +23,7 @@ import uuid
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from keyshift.cli.replay import command as replay_command
 from ysb_runs import fresh_ysb_topic, remove_ysb_run
@@ -34,6 +34,7 @@ from keyshift.placement.tokens import slot_tokens, stateful_partition_of_slot
 from keyshift.processing.operators.processor import PENDING_STATE_NAME
 from keyshift.processing.outputs.redis_windows import read_windows
 from keyshift.runs import redis_client
+from keyshift.topics import read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +64,7 @@ def bad_records(ad_campaign: dict[str, str]) -> list[tuple[bytes | None, bytes, 
 
 
 def _read_run_records(settings, topic: str, run_id: str) -> list[dict]:
-    consumer = KafkaConsumer(topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset="earliest",
-                             consumer_timeout_ms=5_000, isolation_level="read_committed")
-    records = [json.loads(m.value) for m in consumer]
-    consumer.close()
+    records = [json.loads(m.value) for m in read_committed(settings, topic)]
     return [r for r in records if r.get("run_id") == run_id]
 
 
