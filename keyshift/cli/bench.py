@@ -121,13 +121,17 @@ def switch(out: Path, flights: int, rate: float, per_trigger: int, bound_ms: int
                    f"{s['request_to_first_commit_seconds']:.2f} s from the request, state from the {s['state_source']}), "
                    f"{s['state_rows_moved']:,} state rows, {s['state_bytes_moved']:,} bytes moved, moved share "
                    f"{s['moved_share']:.3f} (min {s['min_moved_share']:.3f}), in driver: {s['in_driver']}")
+        window = s.get("throughput_window") or {}
+        if window.get("after_over_before") is not None:
+            click.echo(f"    throughput {window['before_events_per_s']:,.0f} ev/s in the {window['window_seconds']:.0f} s before, "
+                       f"{window['after_events_per_s']:,.0f} after (x {window['after_over_before']:.3f})")
     click.echo(f"  median pause {report['median_pause_seconds']} s ({report['median_request_to_first_commit_seconds']} s from "
                f"the request), dominated by {report['dominant_step']} "
                f"(median seconds per step {report['median_step_seconds']})")
     click.echo(f"  outputs identical: {report['outputs_identical']}, late events from switches: {report['late_events_from_switches']}")
     for name, target in report["goals"].items():
         verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
-        click.echo(f"  {name}: {target['value']} (goal {target['goal']}, {verdict})")
+        click.echo(f"  {name}: {target['value']} (goal {'>=' if target.get('at_least') else '<='} {target['goal']}, {verdict})")
 
 
 @command.command(name="keywindows")
