@@ -19,6 +19,7 @@ state read from the checkpoint), `run_summary` (progress records, task times, th
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -51,7 +52,7 @@ from keyshift.processing.outputs.key_window_sink import KeyWindowSink, kept_even
 from keyshift.runs import RunRecorder
 from keyshift.settings import Settings
 from keyshift.runtime.driver_switch import (
-    await_barrier_batch, conservation_check, hold_markers_batch, hold_new_query_batch, refuse_switch, settle_switch_at_stop,
+    BackgroundStop, await_barrier_batch, conservation_check, hold_markers_batch, hold_new_query_batch, refuse_switch, settle_switch_at_stop,
     switch_held_for_markers
 )
 from keyshift.migration.switch_record import SwitchRecord
@@ -288,6 +289,7 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
         in_driver.publish(settings, record)
         record = control.advance(record, "published", None)
     watch: dict[str, Any] | None = None
+    old_stop: BackgroundStop | None = None  # the previous segment's query, stopping after its barrier batch
     reader_warm = False  # the state data source has run in this JVM (`in_driver.warm_state_reader`)
     while True:
         segment = segments[-1]
@@ -326,6 +328,9 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                                              segment.watermark_floor_ms)
         batch_function = ClockedBatches(batch_function, run_dir, checkpoint, segment.batch_base, config.event_time.partition_idle_timeout_s,
                                         lambda: input_end.offsets, BatchChannel(settings.redis_url, config.run_id))
+        if old_stop is not None:  # before any query starts: the new one, or the old one again after a rollback
+            old_stop, stopping = None, old_stop
+            stopping.join()
         query = stream.writeStream.foreachBatch(batch_function).queryName(query_name).option("checkpointLocation", str(checkpoint)).start()
         task_times.follow(query_name, segment.batch_base, seg_config.placement.partitions, seg_config.placement.stateful_partitions,
                           seg_config.source_tasks)
@@ -385,8 +390,13 @@ def _run_segments(spark, settings: Settings, config: JobConfig, run_dir: Path, r
                 # the switch reads the checkpoint: the state reader's first-use cost stays out of the pause
                 reader_warm = in_driver.warm_state_reader(spark, checkpoint, config.input.topic, variables) is not None
         stop_at = cut_at or time.time()
-        stop_at_batch_boundary(query, sink, checkpoint)
-        publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
+        if cut_at is not None:
+            # the barrier batch is committed and every later batch refused: the query stops while the switch goes on
+            old_stop = BackgroundStop(query, sink, checkpoint, functools.partial(
+                publish_progress, query, sink, recorder, seg_config, segment, watch, watch["seen"]))  # batches up to the cut
+        else:
+            stop_at_batch_boundary(query, sink, checkpoint)
+            publish_progress(query, sink, recorder, seg_config, segment, watch, watch["seen"])  # batches up to the cut
         if watch.get("outcome") == "stopped":
             if switching is not None:
                 settle_switch_at_stop(control, switching, checkpoint, config, finish_switch)

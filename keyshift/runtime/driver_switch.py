@@ -91,6 +91,57 @@ def await_barrier_batch(query, sink: KeyedWindowSink, checkpoint: Path, stop_req
         time.sleep(0.02)
 
 
+class BackgroundStop:
+    """The old query's stop after its barrier batch, run beside the switch's next steps.
+
+    Once the barrier batch is committed the sink refuses every later batch, so the old query can
+    write nothing more: what `StreamingQuery.stop()` still does (interrupt the planning of the
+    next batch, join the stream thread, close the Kafka consumer: 0.15 to 0.35 s measured on
+    `local[*]`) need not be in the pause. The migration reads only committed checkpoint files,
+    which the stop does not change. `join` must come before any query starts again: the new
+    query, or the old one on a rollback (Spark refuses a query id that is still active).
+
+    Args:
+        query: the old query. sink: its sink. checkpoint: its checkpoint folder.
+        after: called once the query has stopped (publishes its last progress records).
+    """
+
+    def __init__(self, query, sink: KeyedWindowSink, checkpoint: Path, after) -> None:
+        import threading
+
+        from keyshift.processing.outputs.sinks import stop_at_batch_boundary
+
+        self._error: BaseException | None = None
+        self._after = after
+        self._query = query
+
+        def stop() -> None:
+            try:
+                stop_at_batch_boundary(query, sink, checkpoint)
+            except BaseException as exc:  # handed to join()
+                self._error = exc
+
+        self._thread = threading.Thread(target=stop, name="keyshift-old-query-stop", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float = 300.0) -> None:
+        """Wait for the stop, then run `after`.
+
+        Raises:
+            JobError: the stop failed or did not end within `timeout_s`.
+        """
+        started = time.monotonic()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise JobError(f"the old query did not stop within {timeout_s:.0f} s")
+        if self._error is not None:
+            raise JobError(f"stopping the old query failed: {self._error}") from self._error
+        waited = time.monotonic() - started
+        if waited > 0.05:
+            log.info("waited %.2f s for the old query to stop", waited)
+        self._after()
+
+
 def refuse_switch(control, record: SwitchRecord, job: str, exchange: str = "local_merge") -> None:
     """End a switch asked of a key-window job or of a `global_merge` run as failed, with the
     reason; returns None (no switch). A global_merge run keeps its windows in Redis whatever the

@@ -156,3 +156,56 @@ def test_split_snapshot_leaves_batches_without_snapshot_alone():
     rest, snapshot = split_snapshot(out)
     assert snapshot is None and rest is out
     assert np.array_equal(split_snapshot(out.drop(columns="handover_seq"))[0]["kind"], ["window", "load"])
+
+
+class _StoppingQuery:
+    """A stand-in for the old `StreamingQuery` after its barrier batch: `stop()` takes a while."""
+
+    def __init__(self, fail: bool = False):
+        self.stopped = False
+        self.fail = fail
+
+    def exception(self):
+        return None
+
+    @property
+    def isActive(self):  # noqa: N802 (pyspark's name)
+        return not self.stopped
+
+    def stop(self):
+        import time
+
+        time.sleep(0.2)
+        if self.fail:
+            raise RuntimeError("py4j gone")
+        self.stopped = True
+
+
+class _IdleSink:
+    """A sink with the barrier batch committed and nothing in flight."""
+
+    in_flight = False
+    last_query_batch = None
+
+    def close_barrier(self):
+        pass
+
+
+def test_the_old_query_stops_in_the_background_and_publishes_after(tmp_path):
+    """`BackgroundStop` returns at once; `join` waits for the stop, then publishes the old
+    query's last progress; a failed stop is the switch's JobError at `join`."""
+    import time
+
+    from keyshift.errors import JobError
+    from keyshift.runtime.driver_switch import BackgroundStop
+
+    query, published = _StoppingQuery(), []
+    started = time.monotonic()
+    stopping = BackgroundStop(query, _IdleSink(), tmp_path, lambda: published.append(query.stopped))
+    assert time.monotonic() - started < 0.15 and not query.stopped  # the switch goes on meanwhile
+    stopping.join()
+    assert query.stopped and published == [True]  # published once the query stopped
+    failing = BackgroundStop(_StoppingQuery(fail=True), _IdleSink(), tmp_path, lambda: published.append("no"))
+    with pytest.raises(JobError, match="stopping the old query failed: py4j gone"):
+        failing.join()
+    assert published == [True]
