@@ -113,11 +113,17 @@ class BackgroundStop:
 
         self._error: BaseException | None = None
         self._after = after
-        self._query = query
+        self._thread: threading.Thread | None = None
+        sink.close_barrier()
+        if sink.in_flight:  # not after a committed barrier batch: stop as a stop request does, here
+            stop_at_batch_boundary(query, sink, checkpoint)
+            return
 
         def stop() -> None:
+            # only the stop runs here: reading an HDFS or S3 checkpoint needs the active
+            # SparkSession, which pyspark keeps per thread
             try:
-                stop_at_batch_boundary(query, sink, checkpoint)
+                query.stop()
             except BaseException as exc:  # handed to join()
                 self._error = exc
 
@@ -131,6 +137,9 @@ class BackgroundStop:
             JobError: the stop failed or did not end within `timeout_s`.
         """
         started = time.monotonic()
+        if self._thread is None:
+            self._after()
+            return
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise JobError(f"the old query did not stop within {timeout_s:.0f} s")
