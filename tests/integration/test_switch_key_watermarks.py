@@ -1,7 +1,9 @@
 """A switch migrates key-level watermarks with the windows: nothing becomes late, nothing is lost.
 
 60,000 real flights (plus 40 malformed records) in a fresh 8-partition topic, read in batches of
-8,000 with `key` watermarks and a one-minute bound, so the run loses no flight (the windows
+3,000 (20 batches: the second switch, asked once the first is verified, still comes while the run
+reads; with 8 batches of 8,000 the run had read its whole input by then once, so no state was left
+to move) with `key` watermarks and a one-minute bound, so the run loses no flight (the windows
 equal pandas) only if every key keeps its own watermark through the switches. The run is
 switched twice while it reads: hash -> hot_split (a hot key's clock is split over its pieces'
 slots and their window pieces are held by the sink until every piece closed them), then
@@ -19,7 +21,7 @@ from flight_runs import batches_done, fresh_topic, job_args, start, wait_for
 pytestmark = pytest.mark.integration
 
 FLIGHTS = 60_000
-PER_TRIGGER = 8_000
+PER_TRIGGER = 3_000
 
 
 def test_switches_carry_key_watermarks_and_lose_no_flight(stack_settings, tmp_path):
