@@ -128,7 +128,7 @@ MOVED_SHARE_GOAL = 1.2
 master, <= 10 s with a driver restart; the worst pause <= 2 x the median; throughput in the
 minute after a switch at least 90 % of the minute before (`window_throughput`, the lowest ratio
 over the switches with a whole minute clear on each side, so not measured by the default
-sequence, whose switches come every 15 to 20 s: `--flights 1200000 --sequence
+sequence, whose switches come every 12 to 15 s: `--flights 1200000 --sequence
 hash:8,least_count,least_count:12,hash:8` spaces them 100 s apart); moved share <= 1.2 x the
 minimum."""
 
@@ -746,8 +746,9 @@ def build_report(settings: Settings, switching_id: str, oracle_id: str, records:
     switches = [switch_entry(r, progress, segment_of[r["switch_id"]], origin_ms) for r in records]
     pauses_ms = [(float(r["stop_requested_at"]) * 1000, (float(r["stop_requested_at"]) + float(r["pause_seconds"])) * 1000)
                  if r.get("stop_requested_at") else (float("nan"), float("nan")) for r in records]
+    caught_up = caught_up_ms(progress)
     for index, entry in enumerate(switches):
-        entry["throughput_window"] = window_throughput(progress, pauses_ms, index, earliest_ms=caught_up_ms(progress))
+        entry["throughput_window"] = window_throughput(progress, pauses_ms, index, earliest_ms=caught_up)
     summary = json.loads((run_dir / "summary.json").read_text())
     oracle = json.loads((oracle_dir / "summary.json").read_text())
     windows = compare_windows(windows_table(run_dir), windows_table(oracle_dir))
