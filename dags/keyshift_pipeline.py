@@ -11,7 +11,8 @@ replay began) → `choose_mode`, then
 
 * **bounded** (`limit` > 0): `spark_submit` (the provider's SparkSubmitOperator on connection
   `spark_default`, run in a driver folder on a cluster master: `JobSparkSubmitOperator`;
-  blocks until the job has drained the `limit` events, flushed its windows and exited);
+  blocks until the job has drained the `limit` events, flushed its windows and exited; a failed
+  try is retried once, 15 s later, and the retry resumes the run from its checkpoint exactly);
 * **continuous** (`limit` empty or 0; the replay sends the whole data set): `launch_job` (a
   detached supervisor and its driver; log in `runs/<run_id>/logs/driver.log`) → `watch_job`
   (deferred: the triggerer logs batches, consumer lag and restarts). A driver that dies is
@@ -150,6 +151,9 @@ def keyshift_pipeline():
 
     spark_submit = JobSparkSubmitOperator(
         task_id="spark_submit",
+        run_id=RUN_ID,
+        retries=1,  # a retry resumes the run from its checkpoint (JobSparkSubmitOperator), exactly
+        retry_delay=timedelta(seconds=15),
         conn_id="spark_default",
         application=str(pipeline.APPLICATION),
         jars="{{ connector_jars() }}",

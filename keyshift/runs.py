@@ -293,7 +293,9 @@ class RunRecorder:
             raise StackError(f"Redis did not answer for {REDIS_OUTAGE_S:.0f} s ({exc}); run `keyshift stack up`") from exc
 
     def start(self, **fields: Any) -> None:
-        """Mark the run `running` with this process's pid and the start time (epoch seconds)."""
+        """Mark the run `running` with this process's pid and the start time (epoch seconds); an
+        `error` a previous attempt recorded is removed (a resumed run that fails records its own)."""
+        self._call(self.redis.hdel, redis_run_key(self.run_id), "error")
         self.update(run_id=self.run_id, state="running", pid=os.getpid(), started_at=time.time(),
                     summary_path=self.summary_path, **fields)
 
